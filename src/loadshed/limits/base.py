@@ -1,0 +1,136 @@
+"""The limit-algorithm contract: a small pure class that turns samples into a number.
+
+Algorithms never do I/O, never import asyncio and never read a clock: the time of
+each sample travels in the sample (``Sample.now``).
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from dataclasses import dataclass
+
+from loadshed.errors import ConfigError
+
+__all__ = ["LimitAlgorithm", "Sample", "Windowed", "check_bounds"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One admitted request's outcome, reported when its token is released.
+
+    rtt: seconds from admission to release (service time as the limiter sees it).
+    inflight: requests in flight when this one was admitted, itself included.
+    dropped: the request ended in a sign of overload (timeout, 503/429, deadline).
+    now: clock time at release, in seconds.
+    """
+
+    rtt: float
+    inflight: int
+    dropped: bool
+    now: float
+
+
+def check_bounds(initial: int, min_limit: int, max_limit: int) -> None:
+    """Validate a limit's bounds; raise :class:`ConfigError` naming the field."""
+    if min_limit < 1:
+        raise ConfigError("min_limit", f"must be >= 1, got {min_limit}")
+    if max_limit < min_limit:
+        raise ConfigError("max_limit", f"must be >= min_limit ({min_limit}), got {max_limit}")
+    if not min_limit <= initial <= max_limit:
+        raise ConfigError(
+            "initial_limit", f"must be within [{min_limit}, {max_limit}], got {initial}"
+        )
+
+
+class LimitAlgorithm(abc.ABC):
+    """Turns samples into a concurrency limit (an integer in [min_limit, max_limit])."""
+
+    name: str = "limit"
+    min_limit: int = 1
+    max_limit: int = 1
+
+    @property
+    @abc.abstractmethod
+    def limit(self) -> int:
+        """The current limit."""
+
+    @abc.abstractmethod
+    def update(self, sample: Sample) -> int:
+        """Fold one sample in and return the new limit."""
+
+    def _clamp(self, value: float) -> int:
+        """Round down and clamp to [min_limit, max_limit]; NaN keeps min_limit."""
+        if math.isnan(value):
+            return self.min_limit
+        return max(self.min_limit, min(self.max_limit, int(value)))
+
+    def describe(self) -> str:
+        """Short human-readable state, for logs and the CLI."""
+        return f"{self.name}(limit={self.limit})"
+
+
+class Windowed(LimitAlgorithm):
+    """Feeds a wrapped algorithm per-window aggregates instead of every sample.
+
+    A window closes once it is at least ``window`` seconds long and holds at least
+    ``min_samples`` samples; the wrapped algorithm then sees one sample with the
+    window's average rtt, maximum inflight and whether any sample was dropped.
+    Samples shorter than ``min_rtt`` (100 us by default) are ignored as noise.
+    """
+
+    def __init__(
+        self,
+        inner: LimitAlgorithm,
+        *,
+        window: float = 1.0,
+        min_samples: int = 10,
+        min_rtt: float = 100e-6,
+    ) -> None:
+        if window <= 0:
+            raise ConfigError("window", f"must be > 0 seconds, got {window}")
+        if min_samples < 1:
+            raise ConfigError("min_samples", f"must be >= 1, got {min_samples}")
+        self.inner = inner
+        self.name = f"windowed-{inner.name}"
+        self.min_limit = inner.min_limit
+        self.max_limit = inner.max_limit
+        self.window = window
+        self.min_samples = min_samples
+        self.min_rtt = min_rtt
+        self._start: float | None = None
+        self._count = 0
+        self._rtt_sum = 0.0
+        self._max_inflight = 0
+        self._dropped = False
+
+    @property
+    def limit(self) -> int:
+        return self.inner.limit
+
+    def update(self, sample: Sample) -> int:
+        if sample.rtt < self.min_rtt and not sample.dropped:
+            return self.inner.limit
+        if self._start is None:
+            self._start = sample.now
+        self._count += 1
+        self._rtt_sum += sample.rtt
+        self._max_inflight = max(self._max_inflight, sample.inflight)
+        self._dropped = self._dropped or sample.dropped
+        if sample.now - self._start >= self.window and self._count >= self.min_samples:
+            aggregate = Sample(
+                rtt=self._rtt_sum / self._count,
+                inflight=self._max_inflight,
+                dropped=self._dropped,
+                now=sample.now,
+            )
+            self._start = None
+            self._count = 0
+            self._rtt_sum = 0.0
+            self._max_inflight = 0
+            self._dropped = False
+            return self.inner.update(aggregate)
+        return self.inner.limit
+
+    def describe(self) -> str:
+        return f"windowed({self.inner.describe()})"
