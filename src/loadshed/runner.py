@@ -1,0 +1,772 @@
+"""Run a CPU-bound Python function in worker processes from async code.
+
+:class:`ModelRunner` owns its worker processes (no ``ProcessPoolExecutor``). Each worker has
+one duplex pipe to the parent; the parent watches the pipe and the process sentinel on the
+event loop (``loop.add_reader``), so a result or a death is noticed without threads or polling.
+
+Design points (see DESIGN.md section 8):
+
+- At most one job is sent to a worker, and only to an idle one. A caller that finds every worker
+  busy waits on the asyncio side in a FIFO of futures, where it can be cancelled (or shed by a
+  limiter in front) without leaving a job behind. There is no hidden executor queue.
+- A worker that dies (segfault, ``os._exit``, OOM kill, SIGKILL) fails only the job it was
+  running, with :class:`WorkerCrashed` (exit code and signal); a replacement is started at once.
+- ``job_timeout`` kills a stuck worker, fails its job with :class:`JobTimeout` and replaces it.
+- The model is loaded by ``initializer`` once per worker process; only the job's arguments and
+  its result cross the pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import math
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.context
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from multiprocessing.reduction import ForkingPickler
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+from hdrh.histogram import HdrHistogram
+
+from loadshed.errors import ConfigError, LoadshedError
+
+__all__ = [
+    "JobTimeout",
+    "ModelRunner",
+    "RemoteTraceback",
+    "RunnerClosed",
+    "RunnerError",
+    "RunnerStats",
+    "WorkerCrashed",
+    "WorkerInitError",
+]
+
+R = TypeVar("R")
+
+START_METHODS = ("fork", "forkserver", "spawn")
+
+# Service-time histogram range: 1 us .. 1 h, 3 significant digits.
+_HIST_LOWEST_US = 1
+_HIST_HIGHEST_US = 3_600_000_000
+_HIST_DIGITS = 3
+
+# Back-off between attempts to replace a worker whose initializer keeps failing.
+_RESTART_BACKOFF_FIRST = 0.1
+_RESTART_BACKOFF_MAX = 5.0
+
+
+def _signal_name(exitcode: int | None) -> str | None:
+    """The signal name for a negative :attr:`multiprocessing.Process.exitcode`, else None."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    name = _signal_name(exitcode)
+    if name is not None:
+        return f"killed by {name}"
+    return "exit status unknown" if exitcode is None else f"exit code {exitcode}"
+
+
+class RunnerError(LoadshedError):
+    """Base class of the runner's own errors (not those raised by the job function)."""
+
+
+class WorkerCrashed(RunnerError):
+    """The worker process running this job died (segfault, ``os._exit``, OOM kill, SIGKILL).
+
+    ``exitcode`` is the process exit status (negative for a signal, as in
+    :attr:`multiprocessing.Process.exitcode`), ``signal`` the signal name or ``None``.
+    """
+
+    def __init__(self, pid: int | None, exitcode: int | None) -> None:
+        self.pid = pid
+        self.exitcode = exitcode
+        self.signal = _signal_name(exitcode)
+        super().__init__(
+            f"worker process {pid} died while running the job ({_describe_exit(exitcode)})"
+        )
+
+
+class JobTimeout(RunnerError):
+    """The job ran longer than ``job_timeout``; its worker was killed and replaced."""
+
+    def __init__(self, timeout: float, pid: int | None) -> None:
+        self.timeout = timeout
+        self.pid = pid
+        super().__init__(f"job exceeded job_timeout={timeout:g}s; worker process {pid} was killed")
+
+
+class RunnerClosed(RunnerError):
+    """The runner was closed before or while the job ran."""
+
+
+class WorkerInitError(RunnerError):
+    """A worker's initializer raised or the worker died before it was ready."""
+
+
+class RemoteTraceback(Exception):
+    """Carries the worker-side traceback text; attached as ``__cause__`` of a job's exception."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class _UnpicklableJobError(Exception):
+    """Stands in for an exception raised by the job that could not be pickled back."""
+
+
+@dataclass(frozen=True)
+class RunnerStats:
+    """A snapshot of a :class:`ModelRunner`.
+
+    Service times are measured in the parent, from sending a job to receiving its result
+    (so they include the pipe round trip), over every job that returned or raised.
+    """
+
+    workers: int
+    """Configured number of worker processes."""
+    busy: int
+    """Workers running a job now."""
+    idle: int
+    """Workers ready and waiting for a job."""
+    starting: int
+    """Workers being started or replaced (initializer not finished)."""
+    waiting: int
+    """Callers waiting for an idle worker."""
+    completed: int
+    """Jobs that returned a value."""
+    failed: int
+    """Jobs whose function raised (the exception went to the caller)."""
+    crashed: int
+    """Jobs lost to a worker process dying."""
+    timed_out: int
+    """Jobs killed by ``job_timeout``."""
+    cancelled: int
+    """Jobs whose caller was cancelled while they ran (the result was discarded)."""
+    restarts: int
+    """Worker processes started to replace dead or killed ones."""
+    service_count: int
+    """Jobs in the service-time histogram."""
+    service_mean: float
+    """Mean service time, seconds (0 when no job finished)."""
+    service_p50: float
+    """Median service time, seconds."""
+    service_p90: float
+    """90th percentile service time, seconds."""
+    service_p99: float
+    """99th percentile service time, seconds."""
+    service_max: float
+    """Longest service time, seconds."""
+
+    def as_dict(self) -> dict[str, int | float]:
+        """The snapshot as a plain dict (for JSON)."""
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- worker side
+
+# Messages parent -> worker: (job_id, args, kwargs) or None (stop).
+# Messages worker -> parent: ("ready",), ("init_error", exc, tb_text),
+#                            (job_id, True, result) or (job_id, False, (exc, tb_text)).
+# A worker runs one job at a time, so job_id None in a reply means "the current job" (used
+# when the job's arguments could not be unpickled in the worker).
+
+
+def _pickleable_exception(exc: BaseException) -> BaseException:
+    """Return ``exc`` if it survives pickling, else a stand-in carrying its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return _UnpicklableJobError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
+    return exc
+
+
+def _worker_main(
+    conn: multiprocessing.connection.Connection,
+    fn: Callable[..., Any],
+    initializer: Callable[..., object] | None,
+    initargs: tuple[Any, ...],
+) -> None:
+    """Worker process body: run the initializer once, then serve one job at a time."""
+    # Ctrl-C in a terminal goes to the whole process group; the parent decides when we stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        if initializer is not None:
+            initializer(*initargs)
+    except BaseException as exc:
+        conn.send(("init_error", _pickleable_exception(exc), traceback.format_exc()))
+        conn.close()
+        return
+    conn.send(("ready",))
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # parent gone
+        job_id: int | None = None
+        try:
+            message = pickle.loads(data)
+            if message is None:
+                return
+            job_id, args, kwargs = message
+            result = fn(*args, **kwargs)
+        except Exception as exc:  # raised by fn, or the job did not unpickle here (job_id None)
+            reply: tuple[Any, ...] = (
+                job_id,
+                False,
+                (_pickleable_exception(exc), traceback.format_exc()),
+            )
+        else:
+            reply = (job_id, True, result)
+        try:
+            conn.send(reply)
+        except Exception as exc:  # the result did not pickle
+            error = _UnpicklableJobError(f"job result could not be sent to the parent: {exc!r}")
+            conn.send((job_id, False, (error, traceback.format_exc())))
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+class _Job:
+    __slots__ = ("future", "job_id", "started", "timer")
+
+    def __init__(self, job_id: int, future: asyncio.Future[Any], started: float) -> None:
+        self.job_id = job_id
+        self.future = future
+        self.started = started
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class _Worker:
+    """Parent-side record of one worker process."""
+
+    __slots__ = ("conn", "job", "killed", "pid", "process", "ready", "sentinel", "slot")
+
+    def __init__(self, slot: int, process: multiprocessing.process.BaseProcess, conn: Any) -> None:
+        self.slot = slot
+        self.process = process
+        self.conn: multiprocessing.connection.Connection = conn
+        self.pid = process.pid
+        self.sentinel: int = process.sentinel
+        self.ready = False
+        self.job: _Job | None = None
+        # Set when the parent killed it (timeout, cancel, close): its death is not a crash.
+        self.killed = False
+
+
+def _resolve_context(
+    mp_context: str | multiprocessing.context.BaseContext | None,
+) -> multiprocessing.context.BaseContext:
+    if isinstance(mp_context, multiprocessing.context.BaseContext):
+        return mp_context
+    if mp_context is None:
+        # fork is unsafe in a process that runs threads (servers, thread pools); forkserver is
+        # the safe and fast choice where it exists, spawn elsewhere.
+        available = multiprocessing.get_all_start_methods()
+        mp_context = "forkserver" if "forkserver" in available else "spawn"
+    if mp_context not in START_METHODS:
+        raise ConfigError(
+            "mp_context", f"got {mp_context!r}, allowed: {'|'.join(START_METHODS)} or None"
+        )
+    try:
+        return multiprocessing.get_context(mp_context)
+    except ValueError as exc:
+        raise ConfigError(
+            "mp_context", f"start method {mp_context!r} is not available on {sys.platform}"
+        ) from exc
+
+
+class ModelRunner(Generic[R]):
+    """Run ``fn(*args, **kwargs)`` in ``workers`` processes: ``await runner.run(x)``.
+
+    ``initializer(*initargs)`` runs once in each worker before its first job (load the model
+    there, into a module global that ``fn`` reads). ``fn`` and ``initializer`` must be
+    module-level functions for the ``forkserver`` and ``spawn`` start methods; with ``fork``
+    anything works. ``mp_context`` is a start method name, a multiprocessing context, or
+    ``None`` for ``forkserver`` where available (safe in threaded servers), else ``spawn``.
+
+    ``job_timeout`` (seconds, or ``None``) kills a worker whose job runs longer and fails the
+    job with :class:`JobTimeout`. ``kill_on_cancel`` kills and replaces the worker when the
+    caller of a running job is cancelled (frees the CPU at once, costs a model reload);
+    by default the job runs to completion and its result is discarded.
+
+    Start it with ``async with ModelRunner(...) as runner`` or ``await runner.start()``
+    (``run`` also starts it on first use); stop it with ``await runner.close()``.
+    Invalid settings raise :class:`~loadshed.errors.ConfigError` here, at construction.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., R],
+        *,
+        workers: int = 1,
+        initializer: Callable[..., object] | None = None,
+        initargs: Sequence[Any] = (),
+        mp_context: str | multiprocessing.context.BaseContext | None = None,
+        job_timeout: float | None = None,
+        kill_on_cancel: bool = False,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigError("fn", f"must be callable, got {type(fn).__name__}")
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise ConfigError("workers", f"must be an integer >= 1, got {workers!r}")
+        if initializer is not None and not callable(initializer):
+            raise ConfigError(
+                "initializer", f"must be callable or None, got {type(initializer).__name__}"
+            )
+        if job_timeout is not None and (
+            isinstance(job_timeout, bool)
+            or not isinstance(job_timeout, (int, float))
+            or not math.isfinite(job_timeout)
+            or job_timeout <= 0
+        ):
+            raise ConfigError("job_timeout", f"must be a number > 0 or None, got {job_timeout!r}")
+        self._fn = fn
+        self._workers_wanted = workers
+        self._initializer = initializer
+        self._initargs = tuple(initargs)
+        self._context = _resolve_context(mp_context)
+        self._job_timeout = float(job_timeout) if job_timeout is not None else None
+        self._kill_on_cancel = kill_on_cancel
+
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = False
+        self._closed = False
+        self._start_lock: asyncio.Lock | None = None
+        self._slots: list[_Worker | None] = [None] * workers
+        self._idle: collections.deque[_Worker] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[_Worker]] = collections.deque()
+        self._dying: set[_Worker] = set()
+        self._all_dead: asyncio.Event | None = None
+        # Futures of workers in their first start; resolved on ready or failure.
+        self._startup: dict[int, asyncio.Future[None]] = {}
+        self._restart_failures = [0] * workers
+        self._restart_timers: dict[int, asyncio.TimerHandle] = {}
+        self._job_ids = itertools.count(1)
+
+        self._completed = 0
+        self._failed = 0
+        self._crashed = 0
+        self._timed_out = 0
+        self._cancelled = 0
+        self._restarts = 0
+        self._service_hist = HdrHistogram(_HIST_LOWEST_US, _HIST_HIGHEST_US, _HIST_DIGITS)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def workers(self) -> int:
+        """Configured number of worker processes (the runner's concurrency)."""
+        return self._workers_wanted
+
+    @property
+    def start_method(self) -> str:
+        """The multiprocessing start method in use."""
+        return str(self._context.get_start_method())
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    async def __aenter__(self) -> ModelRunner[R]:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start every worker and wait until each initializer finished.
+
+        Raises :class:`WorkerInitError` (and stops the others) if an initializer raised or a
+        worker died while starting. Calling it again is a no-op.
+        """
+        if self._closed:
+            raise RunnerClosed("runner is closed")
+        loop = asyncio.get_running_loop()
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            self._loop = loop
+            self._all_dead = asyncio.Event()
+            startups: list[asyncio.Future[None]] = []
+            for slot in range(self._workers_wanted):
+                future: asyncio.Future[None] = loop.create_future()
+                self._startup[slot] = future
+                startups.append(future)
+                try:
+                    self._spawn(slot)
+                except BaseException:
+                    self._startup.pop(slot, None)
+                    await self._shutdown_workers()
+                    raise
+            try:
+                await asyncio.gather(*startups)
+            except BaseException:
+                for future in startups:
+                    future.cancel()
+                await self._shutdown_workers()
+                raise
+            self._started = True
+
+    async def run(self, *args: Any, **kwargs: Any) -> R:
+        """Run ``fn(*args, **kwargs)`` in an idle worker and return its result.
+
+        Waits (cancellably, in FIFO order) while every worker is busy. Exceptions raised by
+        ``fn`` propagate with their type, with the worker's traceback as ``__cause__``.
+        Raises :class:`WorkerCrashed`, :class:`JobTimeout` or :class:`RunnerClosed` for
+        failures of the runner itself.
+        """
+        if not self._started:
+            await self.start()
+        self._check_loop()
+        loop = self._loop
+        assert loop is not None
+        job_id = next(self._job_ids)
+        # Pickle before taking a worker: an unpicklable argument fails here, costing nothing.
+        data = ForkingPickler.dumps((job_id, args, kwargs))
+        while True:
+            worker = await self._acquire_worker()
+            if worker.killed or worker.conn.closed:
+                continue  # died after it was handed over; its replacement is on the way
+            try:
+                worker.conn.send_bytes(data)
+            except OSError:
+                continue  # broken pipe: it is dying, its sentinel will replace it
+            break
+        job = _Job(job_id, loop.create_future(), time.perf_counter())
+        worker.job = job
+        if self._job_timeout is not None:
+            job.timer = loop.call_later(self._job_timeout, self._on_job_timeout, worker, job)
+        try:
+            return await job.future  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            if not job.future.done():
+                # The caller is gone; the job keeps its worker busy until it returns (its
+                # result is then discarded), unless asked to kill it.
+                self._cancelled += 1
+                job.future.cancel()
+                if self._kill_on_cancel and worker.job is job:
+                    self._finish_job(worker, job)
+                    self._kill(worker)
+            raise
+
+    def stats(self) -> RunnerStats:
+        """A snapshot of worker states, job counts and service-time percentiles."""
+        workers = [w for w in self._slots if w is not None and w.ready and not w.killed]
+        busy = sum(1 for w in workers if w.job is not None)
+        idle = len(workers) - busy
+        hist = self._service_hist
+        count = hist.get_total_count()
+
+        def seconds(micros: float) -> float:
+            return micros / 1e6 if count else 0.0
+
+        return RunnerStats(
+            workers=self._workers_wanted,
+            busy=busy,
+            idle=idle,
+            starting=self._workers_wanted - busy - idle,
+            waiting=sum(1 for f in self._waiters if not f.done()),
+            completed=self._completed,
+            failed=self._failed,
+            crashed=self._crashed,
+            timed_out=self._timed_out,
+            cancelled=self._cancelled,
+            restarts=self._restarts,
+            service_count=count,
+            service_mean=seconds(hist.get_mean_value()),
+            service_p50=seconds(hist.get_value_at_percentile(50)),
+            service_p90=seconds(hist.get_value_at_percentile(90)),
+            service_p99=seconds(hist.get_value_at_percentile(99)),
+            service_max=seconds(hist.get_max_value()),
+        )
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Stop the runner: waiting callers and running jobs fail with :class:`RunnerClosed`,
+        idle workers are asked to exit, and any worker still alive after ``timeout`` seconds
+        (or running a job) is killed. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for future in self._startup.values():
+            if not future.done():
+                future.set_exception(RunnerClosed("runner closed while starting"))
+        await self._shutdown_workers(timeout)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _check_loop(self) -> None:
+        if asyncio.get_running_loop() is not self._loop:
+            raise RuntimeError("ModelRunner is bound to the event loop that started it")
+
+    async def _acquire_worker(self) -> _Worker:
+        if self._closed:
+            raise RunnerClosed("runner is closed")
+        if self._idle and not self._waiters:
+            return self._idle.popleft()
+        loop = self._loop
+        assert loop is not None
+        waiter: asyncio.Future[_Worker] = loop.create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                # A worker was handed over just as we were cancelled: pass it on, no job sent.
+                self._release(waiter.result())
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+
+    def _release(self, worker: _Worker) -> None:
+        """Give an idle, ready worker to the first live waiter, or park it."""
+        if self._closed or worker.killed:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(worker)
+                return
+        self._idle.append(worker)
+
+    def _finish_job(self, worker: _Worker, job: _Job) -> None:
+        if job.timer is not None:
+            job.timer.cancel()
+        worker.job = None
+
+    # ------------------------------------------------------------------ processes
+
+    def _spawn(self, slot: int) -> None:
+        loop = self._loop
+        assert loop is not None
+        parent_conn, child_conn = self._context.Pipe(duplex=True)
+        process = self._context.Process(  # type: ignore[attr-defined]
+            target=_worker_main,
+            args=(child_conn, self._fn, self._initializer, self._initargs),
+            name=f"loadshed-runner-{slot}",
+            daemon=True,
+        )
+        try:
+            process.start()
+        finally:
+            child_conn.close()
+        worker = _Worker(slot, process, parent_conn)
+        self._slots[slot] = worker
+        loop.add_reader(parent_conn.fileno(), self._on_readable, worker)
+        loop.add_reader(worker.sentinel, self._on_exit, worker)
+
+    def _on_readable(self, worker: _Worker) -> None:
+        try:
+            while worker.conn.poll():
+                self._on_message(worker, worker.conn.recv())
+                if worker.conn.closed:
+                    return
+        except (EOFError, OSError):
+            # The worker is exiting; its sentinel reports the death.
+            self._stop_reading(worker)
+
+    def _on_message(self, worker: _Worker, message: tuple[Any, ...]) -> None:
+        if message[0] == "ready":
+            worker.ready = True
+            self._restart_failures[worker.slot] = 0
+            startup = self._startup.pop(worker.slot, None)
+            if startup is not None and not startup.done():
+                startup.set_result(None)
+            self._release(worker)
+            return
+        if message[0] == "init_error":
+            _, exc, tb_text = message
+            self._on_init_failure(worker, exc, tb_text)
+            return
+        job_id, ok, payload = message
+        job = worker.job
+        if job is None or (job_id is not None and job.job_id != job_id):
+            return  # a late reply for a job already failed (timeout) or discarded
+        service_seconds = time.perf_counter() - job.started
+        self._service_hist.record_value(max(_HIST_LOWEST_US, round(service_seconds * 1e6)))
+        self._finish_job(worker, job)
+        if not job.future.done():  # else its caller was cancelled: discard the result
+            if ok:
+                self._completed += 1
+                job.future.set_result(payload)
+            else:
+                self._failed += 1
+                exc, tb_text = payload
+                exc.__cause__ = RemoteTraceback(tb_text)
+                job.future.set_exception(exc)
+        self._release(worker)
+
+    def _on_init_failure(self, worker: _Worker, exc: BaseException, tb_text: str) -> None:
+        worker.killed = True  # its exit is expected, not a crash
+        error = WorkerInitError(f"initializer failed in worker process {worker.pid}: {exc!r}")
+        error.__cause__ = RemoteTraceback(tb_text)
+        startup = self._startup.pop(worker.slot, None)
+        if startup is not None and not startup.done():
+            startup.set_exception(error)
+        # A replacement's failure is counted, and retried with back-off, when its process exits.
+
+    def _on_exit(self, worker: _Worker) -> None:
+        # Drain a reply (or ready/init_error) written just before the process exited.
+        if not worker.conn.closed:
+            with contextlib.suppress(EOFError, OSError):
+                while worker.conn.poll():
+                    self._on_message(worker, worker.conn.recv())
+        loop = self._loop
+        assert loop is not None
+        loop.remove_reader(worker.sentinel)
+        self._stop_reading(worker)
+        worker.process.join(timeout=1.0)  # the sentinel closes just before the exit is reapable
+        exitcode = worker.process.exitcode
+        with contextlib.suppress(ValueError):
+            self._idle.remove(worker)
+        self._dying.discard(worker)
+        if self._slots[worker.slot] is worker:
+            self._slots[worker.slot] = None
+        job = worker.job
+        if job is not None:
+            self._finish_job(worker, job)
+            self._crashed += 1
+            if not job.future.done():
+                job.future.set_exception(WorkerCrashed(worker.pid, exitcode))
+        startup = self._startup.pop(worker.slot, None)
+        if startup is not None and not startup.done():
+            startup.set_exception(
+                WorkerInitError(
+                    f"worker process {worker.pid} died before it was ready "
+                    f"({_describe_exit(exitcode)})"
+                )
+            )
+            return
+        if self._closed or not self._started:
+            self._check_all_dead()
+            return
+        if not worker.ready:
+            self._restart_failures[worker.slot] += 1
+        self._schedule_restart(worker.slot)
+
+    def _schedule_restart(self, slot: int) -> None:
+        failures = self._restart_failures[slot]
+        if failures == 0:
+            self._restart(slot)
+            return
+        delay = min(_RESTART_BACKOFF_MAX, _RESTART_BACKOFF_FIRST * 2 ** (failures - 1))
+        loop = self._loop
+        assert loop is not None
+        self._restart_timers[slot] = loop.call_later(delay, self._restart, slot)
+
+    def _restart(self, slot: int) -> None:
+        self._restart_timers.pop(slot, None)
+        if self._closed or self._slots[slot] is not None:
+            return
+        self._restarts += 1
+        try:
+            self._spawn(slot)
+        except Exception:
+            self._restart_failures[slot] += 1
+            self._schedule_restart(slot)
+
+    def _stop_reading(self, worker: _Worker) -> None:
+        loop = self._loop
+        if worker.conn.closed:
+            return
+        if loop is not None:
+            loop.remove_reader(worker.conn.fileno())
+        worker.conn.close()
+
+    def _kill(self, worker: _Worker) -> None:
+        """Kill a worker on purpose; its sentinel then triggers the replacement."""
+        worker.killed = True
+        with contextlib.suppress(ValueError):
+            self._idle.remove(worker)
+        with contextlib.suppress(ProcessLookupError, OSError, ValueError):
+            worker.process.kill()
+
+    def _on_job_timeout(self, worker: _Worker, job: _Job) -> None:
+        if worker.job is not job:
+            return
+        self._timed_out += 1
+        self._finish_job(worker, job)
+        if not job.future.done():
+            job.future.set_exception(JobTimeout(self._job_timeout or 0.0, worker.pid))
+        self._kill(worker)
+
+    def _check_all_dead(self) -> None:
+        if self._all_dead is not None and all(w is None for w in self._slots):
+            self._all_dead.set()
+
+    async def _shutdown_workers(self, timeout: float = 5.0) -> None:
+        self._closed = True
+        for handle in self._restart_timers.values():
+            handle.cancel()
+        self._restart_timers.clear()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(RunnerClosed("runner closed while waiting for a worker"))
+        self._idle.clear()
+        for worker in self._slots:
+            if worker is None:
+                continue
+            job = worker.job
+            if job is not None:
+                self._finish_job(worker, job)
+                if not job.future.done():
+                    job.future.set_exception(RunnerClosed("runner closed while the job ran"))
+                self._kill(worker)
+                continue
+            worker.killed = True
+            try:
+                worker.conn.send(None)
+            except (OSError, ValueError):
+                self._kill(worker)
+        self._check_all_dead()
+        if self._all_dead is None:
+            return
+        try:
+            await asyncio.wait_for(self._all_dead.wait(), timeout)
+        except asyncio.TimeoutError:
+            for worker in self._slots:
+                if worker is not None:
+                    self._kill(worker)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._all_dead.wait(), 2.0)
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        state = "closed" if self._closed else ("running" if self._started else "new")
+        return (
+            f"<ModelRunner {state} {self.start_method} workers={s.workers} busy={s.busy} "
+            f"idle={s.idle} waiting={s.waiting} pid={os.getpid()}>"
+        )
