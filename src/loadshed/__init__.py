@@ -4,7 +4,7 @@ machine-learning inference APIs."""
 from __future__ import annotations
 
 from loadshed.clock import Clock, MonotonicClock, VirtualClock
-from loadshed.errors import ConfigError, LoadshedError, Outcome, Priority, RejectReason, Rejected
+from loadshed.errors import ConfigError, LoadshedError, Outcome, Priority, Rejected, RejectReason
 
 __all__ = [
     "Clock",

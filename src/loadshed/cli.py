@@ -13,8 +13,7 @@ import click
 __all__ = ["main"]
 
 # command name -> "module:attribute" of a click command
-COMMANDS: dict[str, str] = {
-}
+COMMANDS: dict[str, str] = {}
 
 
 class LazyGroup(click.Group):

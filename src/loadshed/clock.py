@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "MonotonicClock", "VirtualClock", "MONOTONIC"]
+__all__ = ["MONOTONIC", "Clock", "MonotonicClock", "VirtualClock"]
 
 
 @runtime_checkable

@@ -9,7 +9,7 @@ import click
 
 from loadshed.errors import ConfigError
 
-__all__ = ["DURATION", "Duration", "parse_duration", "parse_int_list", "parse_float_range"]
+__all__ = ["DURATION", "Duration", "parse_duration", "parse_float_range", "parse_int_list"]
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {None: 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "m": 60.0, "h": 3600.0}
@@ -80,16 +80,20 @@ def parse_float_range(text: str, field: str) -> list[float]:
     return values
 
 
-class Duration(click.ParamType):
+class Duration(click.ParamType[float, Any]):
     """A click parameter type for durations; bad input exits 2 naming the flag."""
 
     name = "duration"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
         if isinstance(value, float):
             return value
         try:
-            return parse_duration(str(value), field=param.name if param and param.name else "duration")
+            return parse_duration(
+                str(value), field=param.name if param and param.name else "duration"
+            )
         except ConfigError as exc:
             self.fail(f"{value!r} is not a duration (e.g. 500ms, 2s, 1.5)", param, ctx)
             raise AssertionError from exc  # unreachable: fail() raises

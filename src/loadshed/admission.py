@@ -1,0 +1,584 @@
+"""The admission core: tokens, the wait queue, deadlines and priorities.
+
+This is the mechanism behind every integration. It is synchronous and driven by
+callbacks, so the asyncio :class:`loadshed.limiter.Limiter` and the virtual-time
+simulator run exactly the same admission code. It never knows HTTP and never
+computes a limit: it asks its :class:`LimitAlgorithm` and feeds it samples.
+
+A request is *submitted* with a priority and an optional absolute deadline on the
+clock. It is granted a :class:`Token` at once (in-flight below the limit), queued
+(a :class:`Ticket`; one of its callbacks fires later), or refused with
+:class:`Rejected`. Whoever holds a token releases it with an :class:`Outcome`,
+which becomes a sample for the limit algorithm and may grant queued tickets.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from loadshed.clock import Clock
+from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
+from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
+from loadshed.limits.base import LimitAlgorithm, Sample
+
+__all__ = [
+    "DISCIPLINES",
+    "Admission",
+    "LimiterListener",
+    "LimiterSnapshot",
+    "Ticket",
+    "Token",
+]
+
+DISCIPLINES = ("fifo", "lifo", "codel")
+_PRIORITIES = tuple(Priority)  # most critical first
+_DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
+
+
+class LimiterListener(Protocol):
+    """Receives admission events, e.g. to export metrics. Must be cheap."""
+
+    def on_admit(self, queue_wait_s: float, priority: Priority) -> None:
+        """A request was granted a token after waiting ``queue_wait_s``."""
+
+    def on_release(self, outcome: Outcome, service_s: float) -> None:
+        """A token was released after ``service_s`` seconds in flight."""
+
+    def on_reject(self, reason: RejectReason, queue_wait_s: float) -> None:
+        """A request was refused, or left the queue, after ``queue_wait_s``."""
+
+
+@dataclass(frozen=True)
+class LimiterSnapshot:
+    """A consistent view of a limiter's state, for metrics, logs and the CLI."""
+
+    name: str
+    limit: int
+    inflight: int
+    queue_length: int
+    service_time_s: float | None
+    service_time_high_s: float | None
+    patience_s: float | None
+    algorithm: str
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class _State(enum.Enum):
+    QUEUED = 1
+    GRANTED = 2
+    REJECTED = 3
+    CANCELLED = 4
+
+
+class Ticket:
+    """A queued request. Exactly one of its callbacks fires, unless it is cancelled."""
+
+    __slots__ = (
+        "_state",
+        "deadline",
+        "enqueued_at",
+        "on_grant",
+        "on_reject",
+        "priority",
+        "seq",
+        "wait_expiry",
+    )
+
+    def __init__(
+        self,
+        priority: Priority,
+        deadline: float | None,
+        enqueued_at: float,
+        wait_expiry: float,
+        seq: int,
+        on_grant: Callable[[Token], None],
+        on_reject: Callable[[Rejected], None],
+    ) -> None:
+        self.priority = priority
+        self.deadline = deadline
+        self.enqueued_at = enqueued_at
+        self.wait_expiry = wait_expiry
+        self.seq = seq
+        self.on_grant = on_grant
+        self.on_reject = on_reject
+        self._state = _State.QUEUED
+
+    @property
+    def queued(self) -> bool:
+        """True while the ticket waits in the queue."""
+        return self._state is _State.QUEUED
+
+
+class Token:
+    """The right to run one request. Release it exactly once with its outcome."""
+
+    __slots__ = (
+        "_admission",
+        "admitted_at",
+        "deadline",
+        "inflight_at_admit",
+        "outcome",
+        "priority",
+        "queue_wait",
+    )
+
+    def __init__(
+        self,
+        admission: Admission,
+        priority: Priority,
+        deadline: float | None,
+        admitted_at: float,
+        queue_wait: float,
+        inflight_at_admit: int,
+    ) -> None:
+        self._admission = admission
+        self.priority = priority
+        self.deadline = deadline
+        self.admitted_at = admitted_at
+        self.queue_wait = queue_wait
+        self.inflight_at_admit = inflight_at_admit
+        self.outcome: Outcome | None = None
+
+    @property
+    def released(self) -> bool:
+        """True once an outcome was recorded."""
+        return self.outcome is not None
+
+    def release(self, outcome: Outcome = Outcome.SUCCESS) -> None:
+        """Record the outcome and free the slot. Only the first call counts."""
+        if self.outcome is None:
+            self.outcome = outcome
+            self._admission._release(self, outcome)
+
+    def success(self) -> None:
+        """Release as a success: the latency is a capacity sample."""
+        self.release(Outcome.SUCCESS)
+
+    def dropped(self) -> None:
+        """Release as dropped: a sign of overload (timeout, 503, deadline exceeded)."""
+        self.release(Outcome.DROPPED)
+
+    def ignored(self) -> None:
+        """Release without a sample (client error, cancelled before start)."""
+        self.release(Outcome.IGNORED)
+
+
+class Admission:
+    """Admission control over a limit algorithm; see the module docstring.
+
+    Parameters:
+        limit: the algorithm that sets the concurrency limit.
+        clock: where time comes from (real or virtual).
+        name: label for metrics and snapshots.
+        max_queue: most requests waiting at once (0: no queue, refuse when full).
+        max_queue_wait: longest wait in the queue in seconds; None (default) means
+            one estimated service time, so a queued request waits at most about as
+            long as it will then run.
+        discipline: ``fifo`` (default), ``lifo`` (newest first), or ``codel``
+            (FIFO, switching to LIFO with a short queue timeout while the minimum
+            queue wait over ``codel_interval`` exceeds ``codel_target``).
+        reserved: share of the limit (0..1) kept for a class and those more critical,
+            e.g. ``{Priority.CRITICAL: 0.2}``.
+        initial_service_time: guess used for estimates until the first sample.
+        learn_patience: use the learned client patience as the deadline of requests
+            that carry none.
+    """
+
+    def __init__(
+        self,
+        limit: LimitAlgorithm,
+        clock: Clock,
+        *,
+        name: str = "default",
+        max_queue: int = 1000,
+        max_queue_wait: float | None = None,
+        discipline: str = "fifo",
+        reserved: Mapping[Priority, float] | None = None,
+        initial_service_time: float | None = None,
+        learn_patience: bool = True,
+        codel_target: float = 0.005,
+        codel_interval: float = 0.1,
+    ) -> None:
+        if max_queue < 0:
+            raise ConfigError("max_queue", f"must be >= 0, got {max_queue}")
+        if max_queue_wait is not None and max_queue_wait < 0:
+            raise ConfigError("max_queue_wait", f"must be >= 0 seconds, got {max_queue_wait}")
+        if discipline not in DISCIPLINES:
+            raise ConfigError("discipline", f"got {discipline!r}, allowed: {'|'.join(DISCIPLINES)}")
+        if codel_target <= 0 or codel_interval <= 0:
+            raise ConfigError("codel_target", "codel_target and codel_interval must be > 0")
+        self._reserved: dict[Priority, float] = {}
+        for priority, share in (reserved or {}).items():
+            priority = Priority.parse(priority)
+            if not 0 <= share < 1:
+                raise ConfigError(
+                    "reserved", f"share for {priority} must be in [0, 1), got {share}"
+                )
+            self._reserved[priority] = share
+        if sum(self._reserved.values()) >= 1:
+            raise ConfigError("reserved", "shares must add up to less than 1")
+
+        self.algorithm = limit
+        self.clock = clock
+        self.name = name
+        self.max_queue = max_queue
+        self.max_queue_wait = max_queue_wait
+        self.discipline = discipline
+        self.learn_patience = learn_patience
+        self.service = ServiceTimeEstimator(initial=initial_service_time)
+        self.patience = PatienceEstimator()
+
+        self._inflight = 0
+        self._inflight_by_priority = [0] * len(_PRIORITIES)
+        self._queues: list[deque[Ticket]] = [deque() for _ in _PRIORITIES]
+        self._queued = 0
+        self._queued_by_priority = [0] * len(_PRIORITIES)
+        self._expiries: list[tuple[float, int, Ticket]] = []
+        self._seq = 0
+        self._dispatching = False
+        self._listeners: list[LimiterListener] = []
+        self._counts: dict[str, int] = {"admitted": 0, "queued": 0}
+        for outcome in Outcome:
+            self._counts[outcome.value] = 0
+        for reason in RejectReason:
+            self._counts[f"rejected:{reason.value}"] = 0
+
+        self._codel_target = codel_target
+        self._codel_interval = codel_interval
+        self._codel_interval_end = clock.now() + codel_interval
+        self._codel_min_wait = 0.0
+        self._codel_overloaded = False
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def limit(self) -> int:
+        """The current concurrency limit."""
+        return self.algorithm.limit
+
+    @property
+    def inflight(self) -> int:
+        """Tokens held now."""
+        return self._inflight
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting now."""
+        return self._queued
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Counters: admitted, queued, per outcome and ``rejected:<reason>`` (a copy)."""
+        return dict(self._counts)
+
+    def add_listener(self, listener: LimiterListener) -> None:
+        """Register a listener for admit/release/reject events."""
+        self._listeners.append(listener)
+
+    def snapshot(self) -> LimiterSnapshot:
+        """Limit, in-flight, queue length, estimates and counters, at this moment."""
+        return LimiterSnapshot(
+            name=self.name,
+            limit=self.limit,
+            inflight=self._inflight,
+            queue_length=self._queued,
+            service_time_s=self.service.mean,
+            service_time_high_s=self.service.high,
+            patience_s=self.patience.patience,
+            algorithm=self.algorithm.describe(),
+            counts=dict(self._counts),
+        )
+
+    def retry_after(self) -> float:
+        """Seconds until the queue would have drained at the current pace."""
+        service = self.service.mean or _DEFAULT_QUEUE_WAIT
+        return max(0.001, (self._queued + 1) / max(1, self.limit) * service)
+
+    def client_gave_up(self, waited: float) -> None:
+        """A client disconnected or timed out after ``waited`` seconds: learn its patience."""
+        self.patience.add(waited)
+
+    # -------------------------------------------------------------- admission
+
+    def submit(
+        self,
+        *,
+        priority: Priority = Priority.DEFAULT,
+        deadline: float | None = None,
+        on_grant: Callable[[Token], None],
+        on_reject: Callable[[Rejected], None],
+    ) -> Token | Ticket:
+        """Admit now (returns a Token), queue (returns a Ticket) or raise Rejected."""
+        now = self.clock.now()
+        if self.discipline == "codel":
+            self._codel_tick(now)
+        deadline = self._effective_deadline(deadline, now)
+        if deadline is not None and deadline <= now:
+            raise self._refuse(RejectReason.DEADLINE, 0.0)
+        if self._can_admit(priority) and not self._waiting_at_or_above(priority):
+            return self._grant(priority, deadline, now, enqueued_at=now)
+
+        ahead = self._waiting_at_or_above(priority)
+        service_mean, service_high = self.service.mean, self.service.high
+        if deadline is not None and service_mean is not None and service_high is not None:
+            expected_wait = (ahead + 1) / max(1, self.limit) * service_mean
+            if now + expected_wait + service_high > deadline:
+                raise self._refuse(RejectReason.DEADLINE, 0.0)
+
+        if self._queued >= self.max_queue:
+            victim = self._least_critical_below(priority)
+            if victim is None:
+                raise self._refuse(RejectReason.LIMIT, 0.0)
+            self._evict(victim, RejectReason.PRIORITY, now)
+
+        max_wait = self._max_wait()
+        wait_expiry = now + max_wait
+        expiry = wait_expiry
+        if deadline is not None:
+            expiry = min(expiry, deadline - (service_high or 0.0))
+            if expiry <= now:
+                raise self._refuse(RejectReason.DEADLINE, 0.0)
+        self._seq += 1
+        ticket = Ticket(priority, deadline, now, wait_expiry, self._seq, on_grant, on_reject)
+        self._queues[priority].append(ticket)
+        self._queued += 1
+        self._queued_by_priority[priority] += 1
+        self._counts["queued"] += 1
+        heapq.heappush(self._expiries, (expiry, ticket.seq, ticket))
+        return ticket
+
+    def try_acquire(
+        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+    ) -> Token:
+        """Admit now or raise Rejected; never queues."""
+        now = self.clock.now()
+        deadline = self._effective_deadline(deadline, now)
+        if deadline is not None and deadline <= now:
+            raise self._refuse(RejectReason.DEADLINE, 0.0)
+        if self._can_admit(priority) and not self._waiting_at_or_above(priority):
+            return self._grant(priority, deadline, now, enqueued_at=now)
+        raise self._refuse(RejectReason.LIMIT, 0.0)
+
+    def cancel(self, ticket: Ticket, reason: RejectReason = RejectReason.CLIENT_GONE) -> bool:
+        """Take a ticket out of the queue without calling its callbacks.
+
+        Returns False if it was no longer queued (already granted or rejected). A
+        ``client_gone`` cancellation also teaches the limiter the client's patience.
+        """
+        if ticket._state is not _State.QUEUED:
+            return False
+        now = self.clock.now()
+        ticket._state = _State.CANCELLED
+        self._dequeued(ticket)
+        waited = now - ticket.enqueued_at
+        if reason is RejectReason.CLIENT_GONE:
+            self.patience.add(waited)
+        self._count_reject(reason, waited)
+        self._compact()
+        return True
+
+    def next_expiry(self) -> float | None:
+        """The earliest clock time at which :meth:`expire` may evict a queued ticket."""
+        heap = self._expiries
+        while heap and heap[0][2]._state is not _State.QUEUED:
+            heapq.heappop(heap)
+        earliest = heap[0][0] if heap else None
+        if self.discipline == "codel" and self._queued:
+            if self._codel_overloaded:
+                oldest = self._oldest_queued()
+                if oldest is not None:
+                    short = oldest.enqueued_at + self._codel_interval
+                    earliest = short if earliest is None else min(earliest, short)
+            tick = self._codel_interval_end
+            earliest = tick if earliest is None else min(earliest, tick)
+        return earliest
+
+    def expire(self) -> None:
+        """Evict queued tickets whose wait or deadline ran out (calls their on_reject)."""
+        now = self.clock.now()
+        if self.discipline == "codel":
+            self._codel_tick(now)
+            if self._codel_overloaded:
+                short_wait = min(self._codel_interval, self._max_wait())
+                for queue in self._queues:
+                    for ticket in list(queue):
+                        if (
+                            ticket._state is _State.QUEUED
+                            and now - ticket.enqueued_at >= short_wait
+                        ):
+                            self._evict(ticket, RejectReason.QUEUE_TIMEOUT, now)
+        heap = self._expiries
+        while heap and (heap[0][0] <= now or heap[0][2]._state is not _State.QUEUED):
+            _, _, ticket = heapq.heappop(heap)
+            if ticket._state is _State.QUEUED:
+                timed_out = ticket.wait_expiry <= now
+                reason = RejectReason.QUEUE_TIMEOUT if timed_out else RejectReason.DEADLINE
+                self._evict(ticket, reason, now)
+        self._compact()
+
+    # -------------------------------------------------------------- internals
+
+    def _effective_deadline(self, deadline: float | None, now: float) -> float | None:
+        if deadline is None and self.learn_patience:
+            patience = self.patience.patience
+            if patience is not None:
+                return now + patience
+        return deadline
+
+    def _max_wait(self) -> float:
+        if self.max_queue_wait is not None:
+            return self.max_queue_wait
+        service = self.service.mean
+        return _DEFAULT_QUEUE_WAIT if service is None else service
+
+    def _cap(self, priority: Priority) -> int:
+        """Slots this class may use: the limit less what is reserved for more critical ones."""
+        limit = self.limit
+        if not self._reserved:
+            return limit
+        held_back = 0
+        for other, share in self._reserved.items():
+            if other < priority:
+                held_back += max(0, math.floor(share * limit) - self._inflight_by_priority[other])
+        return limit - held_back
+
+    def _can_admit(self, priority: Priority) -> bool:
+        return self._inflight < self._cap(priority)
+
+    def _waiting_at_or_above(self, priority: Priority) -> int:
+        """Live tickets queued at this priority or a more critical one."""
+        if not self._queued:
+            return 0
+        return sum(self._queued_by_priority[: priority + 1])
+
+    def _least_critical_below(self, priority: Priority) -> Ticket | None:
+        """The oldest queued ticket of the least critical class less critical than ``priority``."""
+        for level in reversed(_PRIORITIES):
+            if level <= priority:
+                return None
+            for ticket in self._queues[level]:
+                if ticket._state is _State.QUEUED:
+                    return ticket
+        return None
+
+    def _oldest_queued(self) -> Ticket | None:
+        oldest: Ticket | None = None
+        for queue in self._queues:
+            for ticket in queue:
+                if ticket._state is _State.QUEUED:
+                    if oldest is None or ticket.enqueued_at < oldest.enqueued_at:
+                        oldest = ticket
+                    break
+        return oldest
+
+    def _grant(
+        self, priority: Priority, deadline: float | None, now: float, enqueued_at: float
+    ) -> Token:
+        self._inflight += 1
+        self._inflight_by_priority[priority] += 1
+        self._counts["admitted"] += 1
+        queue_wait = now - enqueued_at
+        token = Token(self, priority, deadline, now, queue_wait, self._inflight)
+        for listener in self._listeners:
+            listener.on_admit(queue_wait, priority)
+        return token
+
+    def _refuse(self, reason: RejectReason, waited: float) -> Rejected:
+        self._count_reject(reason, waited)
+        return Rejected(reason, self.retry_after())
+
+    def _count_reject(self, reason: RejectReason, waited: float) -> None:
+        self._counts[f"rejected:{reason.value}"] += 1
+        for listener in self._listeners:
+            listener.on_reject(reason, waited)
+
+    def _dequeued(self, ticket: Ticket) -> None:
+        self._queued -= 1
+        self._queued_by_priority[ticket.priority] -= 1
+
+    def _evict(self, ticket: Ticket, reason: RejectReason, now: float) -> None:
+        ticket._state = _State.REJECTED
+        self._dequeued(ticket)
+        self._count_reject(reason, now - ticket.enqueued_at)
+        ticket.on_reject(Rejected(reason, self.retry_after()))
+
+    def _release(self, token: Token, outcome: Outcome) -> None:
+        now = self.clock.now()
+        self._inflight -= 1
+        self._inflight_by_priority[token.priority] -= 1
+        service_s = now - token.admitted_at
+        self._counts[outcome.value] += 1
+        if outcome is Outcome.SUCCESS:
+            self.service.add(service_s)
+        if outcome is not Outcome.IGNORED:
+            self.algorithm.update(
+                Sample(service_s, token.inflight_at_admit, outcome is Outcome.DROPPED, now)
+            )
+        for listener in self._listeners:
+            listener.on_release(outcome, service_s)
+        self._dispatch(now)
+
+    def _next_ticket(self) -> Ticket | None:
+        """Pop the next live ticket to serve, most critical class first."""
+        lifo = self.discipline == "lifo" or (self.discipline == "codel" and self._codel_overloaded)
+        for level, queue in enumerate(self._queues):
+            while queue:
+                ticket = queue[-1] if lifo else queue[0]
+                if ticket._state is not _State.QUEUED:
+                    queue.pop() if lifo else queue.popleft()
+                    continue
+                if not self._can_admit(_PRIORITIES[level]):
+                    return None
+                queue.pop() if lifo else queue.popleft()
+                return ticket
+        return None
+
+    def _dispatch(self, now: float) -> None:
+        """Grant queued tickets while slots are free (re-entrant calls fold into this loop)."""
+        if self._dispatching:
+            return
+        self._dispatching = True
+        try:
+            while self._queued:
+                ticket = self._next_ticket()
+                if ticket is None:
+                    break
+                service_high = self.service.high
+                if ticket.deadline is not None and now + (service_high or 0.0) > ticket.deadline:
+                    self._evict(ticket, RejectReason.DEADLINE, now)
+                    continue
+                ticket._state = _State.GRANTED
+                self._dequeued(ticket)
+                wait = now - ticket.enqueued_at
+                if self.discipline == "codel":
+                    self._codel_min_wait = min(self._codel_min_wait, wait)
+                ticket.on_grant(
+                    self._grant(ticket.priority, ticket.deadline, now, ticket.enqueued_at)
+                )
+            if not self._queued:
+                self._codel_min_wait = 0.0
+        finally:
+            self._dispatching = False
+
+    def _codel_tick(self, now: float) -> None:
+        if now < self._codel_interval_end:
+            return
+        if self._queued and self._codel_min_wait == math.inf:
+            oldest = self._oldest_queued()
+            self._codel_min_wait = now - oldest.enqueued_at if oldest else 0.0
+        self._codel_overloaded = self._codel_min_wait > self._codel_target
+        self._codel_min_wait = math.inf if self._queued else 0.0
+        self._codel_interval_end = now + self._codel_interval
+
+    def _compact(self) -> None:
+        """Drop dead tickets from the deques when they outnumber the live ones."""
+        total = sum(len(q) for q in self._queues)
+        if total > 64 and total > 2 * self._queued:
+            for level, queue in enumerate(self._queues):
+                self._queues[level] = deque(t for t in queue if t._state is _State.QUEUED)

@@ -1,0 +1,136 @@
+"""Estimators the limiter uses to predict waits: recent service times and the
+patience clients have shown when they gave up.
+
+Both are pure: values and times come in as arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from loadshed.errors import ConfigError
+
+__all__ = ["PatienceEstimator", "ServiceTimeEstimator", "percentile"]
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of already sorted values, by nearest rank."""
+    if not sorted_values:
+        raise ValueError("percentile of no values")
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+class _RecentValues:
+    """The last ``size`` values with a cached sorted copy for percentiles."""
+
+    __slots__ = ("_sorted", "_values")
+
+    def __init__(self, size: int) -> None:
+        self._values: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] | None = None
+
+    def add(self, value: float) -> None:
+        self._values.append(value)
+        self._sorted = None
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def quantile(self, q: float) -> float:
+        if self._sorted is None:
+            self._sorted = sorted(self._values)
+        return percentile(self._sorted, q)
+
+
+class ServiceTimeEstimator:
+    """Service time (admission to release) of recent successful requests.
+
+    ``mean`` is an exponentially weighted moving average (for queue-drain estimates);
+    ``high`` is a windowed high percentile (p90 of the last ``window`` samples, for
+    the conservative question "can this request still finish before its deadline?").
+    Until the first sample both return ``initial`` (None: unknown).
+    """
+
+    def __init__(
+        self,
+        *,
+        initial: float | None = None,
+        alpha: float = 0.1,
+        window: int = 100,
+        high_quantile: float = 0.9,
+    ) -> None:
+        if not 0 < alpha <= 1:
+            raise ConfigError("alpha", f"must be in (0, 1], got {alpha}")
+        if window < 1:
+            raise ConfigError("window", f"must be >= 1, got {window}")
+        if not 0 < high_quantile <= 1:
+            raise ConfigError("high_quantile", f"must be in (0, 1], got {high_quantile}")
+        if initial is not None and initial < 0:
+            raise ConfigError("initial_service_time", f"must be >= 0 seconds, got {initial}")
+        self._alpha = alpha
+        self._mean = initial
+        self._initial = initial
+        self._recent = _RecentValues(window)
+        self._high_quantile = high_quantile
+
+    def add(self, service_seconds: float) -> None:
+        """Record one request's service time in seconds."""
+        if self._mean is None or not len(self._recent):
+            self._mean = service_seconds
+        else:
+            self._mean += self._alpha * (service_seconds - self._mean)
+        self._recent.add(service_seconds)
+
+    @property
+    def samples(self) -> int:
+        """How many samples the window holds."""
+        return len(self._recent)
+
+    @property
+    def mean(self) -> float | None:
+        """Moving average of service time, or the initial guess, or None."""
+        return self._mean
+
+    @property
+    def high(self) -> float | None:
+        """High percentile of recent service times, or the initial guess, or None."""
+        if not len(self._recent):
+            return self._initial
+        return self._recent.quantile(self._high_quantile)
+
+
+class PatienceEstimator:
+    """How long clients wait before giving up, learned from those that did.
+
+    A low percentile (default p10) of recent give-up waits becomes the default
+    deadline for requests that carry none: it is the wait most clients tolerate.
+    It stays unknown (None) until ``min_samples`` give-ups were seen.
+    """
+
+    def __init__(self, *, quantile: float = 0.1, window: int = 200, min_samples: int = 5) -> None:
+        if not 0 < quantile <= 1:
+            raise ConfigError("patience_quantile", f"must be in (0, 1], got {quantile}")
+        if min_samples < 1:
+            raise ConfigError("patience_min_samples", f"must be >= 1, got {min_samples}")
+        self._recent = _RecentValues(window)
+        self._quantile = quantile
+        self._min_samples = min_samples
+
+    def add(self, waited_seconds: float) -> None:
+        """Record that a client gave up after ``waited_seconds``."""
+        if waited_seconds > 0:
+            self._recent.add(waited_seconds)
+
+    @property
+    def samples(self) -> int:
+        """How many give-ups the window holds."""
+        return len(self._recent)
+
+    @property
+    def patience(self) -> float | None:
+        """The learned patience in seconds, or None while too few give-ups were seen."""
+        if len(self._recent) < self._min_samples:
+            return None
+        return self._recent.quantile(self._quantile)

@@ -1,0 +1,199 @@
+"""The asyncio limiter: a thin layer that turns :class:`Admission` callbacks into
+awaitables and keeps one timer armed for queue timeouts.
+
+    limiter = Limiter("little")
+    async with limiter.acquire(priority=Priority.DEFAULT, deadline=None) as token:
+        ...  # normal exit: success; TimeoutError: dropped; anything else: ignored
+
+A task cancelled while queued leaves the queue at once (``client_gone``) and frees
+nothing it did not hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator, Mapping
+from types import TracebackType
+from typing import Any
+
+from loadshed.admission import Admission, LimiterListener, LimiterSnapshot, Token
+from loadshed.clock import MONOTONIC, Clock
+from loadshed.errors import Outcome, Priority, Rejected, RejectReason
+from loadshed.limits.base import LimitAlgorithm
+
+__all__ = ["Limiter", "Token"]
+
+
+class Limiter:
+    """Concurrency limiter for asyncio code.
+
+    ``limit`` is a limit algorithm, a spec understood by
+    :func:`loadshed.limits.make_limit` (``little``, ``aimd``, ``vegas``,
+    ``gradient2``, ``gradient``, ``fixed:N``) or an int (a fixed limit). The keyword
+    arguments configure the :class:`Admission` core (queue bound, queue wait,
+    discipline, reserved shares...).
+    """
+
+    def __init__(
+        self,
+        limit: LimitAlgorithm | str | int = "little",
+        *,
+        name: str = "default",
+        clock: Clock = MONOTONIC,
+        max_queue: int = 1000,
+        max_queue_wait: float | None = None,
+        discipline: str = "fifo",
+        reserved: Mapping[Priority, float] | None = None,
+        initial_service_time: float | None = None,
+        learn_patience: bool = True,
+    ) -> None:
+        from loadshed.limits import make_limit
+
+        self.admission = Admission(
+            make_limit(limit),
+            clock,
+            name=name,
+            max_queue=max_queue,
+            max_queue_wait=max_queue_wait,
+            discipline=discipline,
+            reserved=reserved,
+            initial_service_time=initial_service_time,
+            learn_patience=learn_patience,
+        )
+        self.clock = clock
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = float("inf")
+
+    # Read-only views of the core's state.
+    @property
+    def name(self) -> str:
+        """The limiter's label."""
+        return self.admission.name
+
+    @property
+    def limit(self) -> int:
+        """The current concurrency limit."""
+        return self.admission.limit
+
+    @property
+    def inflight(self) -> int:
+        """Tokens held now."""
+        return self.admission.inflight
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting now."""
+        return self.admission.queue_length
+
+    def snapshot(self) -> LimiterSnapshot:
+        """Limit, in-flight, queue length, estimates and counters."""
+        return self.admission.snapshot()
+
+    def retry_after(self) -> float:
+        """Seconds until the queue would have drained at the current pace."""
+        return self.admission.retry_after()
+
+    def client_gave_up(self, waited: float) -> None:
+        """A client gave up after ``waited`` seconds (teaches the default deadline)."""
+        self.admission.client_gave_up(waited)
+
+    def add_listener(self, listener: LimiterListener) -> None:
+        """Register a listener for admission events (metrics)."""
+        self.admission.add_listener(listener)
+
+    def try_acquire(
+        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+    ) -> Token:
+        """A token now, or Rejected; never waits."""
+        return self.admission.try_acquire(priority=priority, deadline=deadline)
+
+    def acquire(
+        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+    ) -> _Acquire:
+        """Wait for a token: ``await limiter.acquire()`` or ``async with limiter.acquire():``.
+
+        ``deadline`` is an absolute time on the limiter's clock. Raises
+        :class:`Rejected` when refused or evicted from the queue.
+        """
+        return _Acquire(self, priority, deadline)
+
+    async def _acquire(self, priority: Priority, deadline: float | None) -> Token:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Token] = loop.create_future()
+
+        def on_grant(token: Token) -> None:
+            if future.done():  # the waiter was cancelled in the same tick
+                token.release(Outcome.IGNORED)
+            else:
+                future.set_result(token)
+
+        def on_reject(rejected: Rejected) -> None:
+            if not future.done():
+                future.set_exception(rejected)
+
+        result = self.admission.submit(
+            priority=priority, deadline=deadline, on_grant=on_grant, on_reject=on_reject
+        )
+        if isinstance(result, Token):
+            return result
+        self._arm_timer(loop)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not self.admission.cancel(result, RejectReason.CLIENT_GONE) and (
+                future.done() and not future.cancelled() and future.exception() is None
+            ):
+                future.result().release(Outcome.IGNORED)
+            raise
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Keep one timer at the earliest queue expiry."""
+        when = self.admission.next_expiry()
+        if when is None or when >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        delay = max(0.0, when - self.clock.now())
+        self._timer = loop.call_later(delay, self._on_timer, loop)
+
+    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._timer_at = float("inf")
+        self.admission.expire()
+        self._arm_timer(loop)
+
+
+class _Acquire:
+    """Awaitable and async context manager returned by :meth:`Limiter.acquire`."""
+
+    __slots__ = ("_deadline", "_limiter", "_priority", "_token")
+
+    def __init__(self, limiter: Limiter, priority: Priority, deadline: float | None) -> None:
+        self._limiter = limiter
+        self._priority = priority
+        self._deadline = deadline
+        self._token: Token | None = None
+
+    def __await__(self) -> Generator[Any, None, Token]:
+        return self._limiter._acquire(self._priority, self._deadline).__await__()
+
+    async def __aenter__(self) -> Token:
+        self._token = await self._limiter._acquire(self._priority, self._deadline)
+        return self._token
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        token = self._token
+        if token is None:
+            return
+        if exc_type is None:
+            token.release(Outcome.SUCCESS)
+        elif issubclass(exc_type, (TimeoutError, asyncio.TimeoutError)):
+            token.release(Outcome.DROPPED)
+        else:
+            token.release(Outcome.IGNORED)
