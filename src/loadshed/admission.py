@@ -304,6 +304,14 @@ class Admission:
         """A client disconnected or timed out after ``waited`` seconds: learn its patience."""
         self.patience.add(waited)
 
+    def limit_changed(self) -> None:
+        """Grant queued tickets now if the limit was raised outside a release.
+
+        Algorithms change the limit when a token is released, and the queue is
+        served right after; call this when something else changed it.
+        """
+        self._dispatch(self.clock.now())
+
     # -------------------------------------------------------------- admission
 
     def submit(

@@ -97,6 +97,10 @@ class Limiter:
         """A client gave up after ``waited`` seconds (teaches the default deadline)."""
         self.admission.client_gave_up(waited)
 
+    def limit_changed(self) -> None:
+        """Serve queued waiters now after the limit was raised out of band."""
+        self.admission.limit_changed()
+
     def add_listener(self, listener: LimiterListener) -> None:
         """Register a listener for admission events (metrics)."""
         self.admission.add_listener(listener)

@@ -1,0 +1,327 @@
+"""The admission core in virtual time: grants, queue, deadlines, priorities, expiry."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadshed.admission import Admission, Ticket, Token
+from loadshed.clock import VirtualClock
+from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
+from loadshed.limits.base import LimitAlgorithm, Sample
+
+
+class SettableLimit(LimitAlgorithm):
+    """A limit set by hand; records the samples it is fed."""
+
+    name = "settable"
+
+    def __init__(self, limit: int) -> None:
+        self.min_limit = 1
+        self.max_limit = 10_000
+        self.value = limit
+        self.samples: list[Sample] = []
+
+    @property
+    def limit(self) -> int:
+        return self.value
+
+    def update(self, sample: Sample) -> int:
+        self.samples.append(sample)
+        return self.value
+
+
+class Recorder:
+    """Collects what happens to queued tickets."""
+
+    def __init__(self) -> None:
+        self.granted: list[tuple[str, Token]] = []
+        self.rejected: list[tuple[str, Rejected]] = []
+
+    def submit(self, adm: Admission, label: str, **kwargs: object) -> Token | Ticket:
+        return adm.submit(
+            on_grant=lambda token: self.granted.append((label, token)),
+            on_reject=lambda exc: self.rejected.append((label, exc)),
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+
+def make(limit: int = 1, **kwargs: object) -> tuple[Admission, SettableLimit, VirtualClock]:
+    clock = VirtualClock()
+    algorithm = SettableLimit(limit)
+    return Admission(algorithm, clock, **kwargs), algorithm, clock  # type: ignore[arg-type]
+
+
+def test_grants_up_to_the_limit_then_queues_in_fifo_order() -> None:
+    adm, _, clock = make(limit=2)
+    rec = Recorder()
+    first = rec.submit(adm, "a")
+    second = rec.submit(adm, "b")
+    assert isinstance(first, Token) and isinstance(second, Token)
+    third = rec.submit(adm, "c")
+    fourth = rec.submit(adm, "d")
+    assert isinstance(third, Ticket) and isinstance(fourth, Ticket)
+    assert adm.inflight == 2 and adm.queue_length == 2
+    clock.advance(0.5)
+    first.success()
+    assert [label for label, _ in rec.granted] == ["c"]
+    assert rec.granted[0][1].queue_wait == pytest.approx(0.5)
+    second.success()
+    assert [label for label, _ in rec.granted] == ["c", "d"]
+    assert adm.queue_length == 0 and adm.inflight == 2
+
+
+def test_release_feeds_samples_and_ignored_feeds_none() -> None:
+    adm, algorithm, clock = make(limit=3)
+    rec = Recorder()
+    tokens = [rec.submit(adm, str(i)) for i in range(3)]
+    clock.advance(0.25)
+    assert all(isinstance(t, Token) for t in tokens)
+    tokens[0].release(Outcome.SUCCESS)  # type: ignore[union-attr]
+    tokens[1].release(Outcome.DROPPED)  # type: ignore[union-attr]
+    tokens[2].release(Outcome.IGNORED)  # type: ignore[union-attr]
+    assert [(s.rtt, s.dropped) for s in algorithm.samples] == [(0.25, False), (0.25, True)]
+    assert [s.inflight for s in algorithm.samples] == [1, 2]
+    counts = adm.counts
+    assert counts["success"] == 1 and counts["dropped"] == 1 and counts["ignored"] == 1
+    assert adm.service.mean == pytest.approx(0.25)  # only successes teach service time
+
+
+def test_release_twice_counts_once() -> None:
+    adm, algorithm, _ = make(limit=1)
+    token = adm.try_acquire()
+    token.success()
+    token.dropped()
+    assert adm.inflight == 0 and len(algorithm.samples) == 1 and token.outcome is Outcome.SUCCESS
+
+
+def test_queue_full_rejects_with_reason_limit() -> None:
+    adm, _, _ = make(limit=1, max_queue=1)
+    rec = Recorder()
+    rec.submit(adm, "a")
+    rec.submit(adm, "b")
+    with pytest.raises(Rejected) as info:
+        rec.submit(adm, "c")
+    assert info.value.reason is RejectReason.LIMIT and info.value.retry_after > 0
+    assert adm.counts["rejected:limit"] == 1
+
+
+def test_no_queue_when_max_queue_is_zero() -> None:
+    adm, _, _ = make(limit=1, max_queue=0)
+    rec = Recorder()
+    rec.submit(adm, "a")
+    with pytest.raises(Rejected):
+        rec.submit(adm, "b")
+
+
+def test_queue_wait_bound_evicts_with_queue_timeout() -> None:
+    adm, _, clock = make(limit=1, max_queue_wait=0.3)
+    rec = Recorder()
+    rec.submit(adm, "a")
+    ticket = rec.submit(adm, "b")
+    assert isinstance(ticket, Ticket)
+    assert adm.next_expiry() == pytest.approx(0.3)
+    clock.advance(0.29)
+    adm.expire()
+    assert rec.rejected == []
+    clock.advance(0.02)
+    adm.expire()
+    assert [(label, exc.reason) for label, exc in rec.rejected] == [
+        ("b", RejectReason.QUEUE_TIMEOUT)
+    ]
+    assert adm.queue_length == 0 and adm.next_expiry() is None
+
+
+def test_default_queue_wait_is_one_service_time() -> None:
+    adm, _, clock = make(limit=1)
+    token = adm.try_acquire()
+    clock.advance(0.2)
+    token.success()  # service time 0.2 s learned
+    rec = Recorder()
+    rec.submit(adm, "busy")
+    rec.submit(adm, "waiter")
+    assert adm.next_expiry() == pytest.approx(clock.now() + 0.2)
+
+
+def test_deadline_that_cannot_be_met_is_refused_at_the_door() -> None:
+    adm, _, clock = make(limit=1)
+    token = adm.try_acquire()
+    clock.advance(1.0)
+    token.success()  # service time 1 s
+    rec = Recorder()
+    rec.submit(adm, "busy")
+    with pytest.raises(Rejected) as info:
+        rec.submit(adm, "late", deadline=clock.now() + 1.5)  # wait ~1 s + 1 s of work > 1.5 s
+    assert info.value.reason is RejectReason.DEADLINE
+    ok = rec.submit(adm, "ok", deadline=clock.now() + 2.5)
+    assert isinstance(ok, Ticket)
+
+
+def test_past_deadline_is_refused_even_with_free_slots() -> None:
+    adm, _, clock = make(limit=4)
+    clock.advance(5)
+    with pytest.raises(Rejected) as info:
+        adm.try_acquire(deadline=4.0)
+    assert info.value.reason is RejectReason.DEADLINE
+
+
+def test_queued_request_leaves_when_its_deadline_can_no_longer_be_met() -> None:
+    adm, _, clock = make(limit=1, max_queue_wait=10)
+    token = adm.try_acquire()
+    clock.advance(0.5)
+    token.success()  # service 0.5 s
+    rec = Recorder()
+    busy = rec.submit(adm, "busy")
+    rec.submit(adm, "d", deadline=clock.now() + 1.2)
+    # It must start by deadline - service time = now + 0.7.
+    assert adm.next_expiry() == pytest.approx(clock.now() + 0.7)
+    clock.advance(0.71)
+    adm.expire()
+    assert [(label, exc.reason) for label, exc in rec.rejected] == [("d", RejectReason.DEADLINE)]
+    assert isinstance(busy, Token)
+
+
+def test_grant_checks_deadline_again_when_a_slot_frees() -> None:
+    adm, _, clock = make(limit=1, max_queue_wait=10)
+    warm = adm.try_acquire()
+    clock.advance(0.5)
+    warm.success()
+    busy = adm.try_acquire()
+    rec = Recorder()
+    rec.submit(adm, "d", deadline=clock.now() + 1.1)
+    clock.advance(0.7)  # past deadline - service time, but expire() was not called
+    busy.success()
+    assert [label for label, _ in rec.granted] == []
+    assert [exc.reason for _, exc in rec.rejected] == [RejectReason.DEADLINE]
+
+
+def test_cancel_leaves_the_queue_teaches_patience_and_frees_nothing() -> None:
+    adm, _, clock = make(limit=1)
+    rec = Recorder()
+    holder = rec.submit(adm, "a")
+    ticket = rec.submit(adm, "b")
+    assert isinstance(ticket, Ticket) and isinstance(holder, Token)
+    clock.advance(0.4)
+    assert adm.cancel(ticket) is True
+    assert adm.cancel(ticket) is False
+    assert adm.queue_length == 0 and adm.inflight == 1
+    assert adm.counts["rejected:client_gone"] == 1
+    assert adm.patience.samples == 1
+    holder.success()
+    assert rec.granted == [] and rec.rejected == []
+
+
+def test_lifo_serves_newest_first() -> None:
+    adm, _, _ = make(limit=1, discipline="lifo")
+    rec = Recorder()
+    holder = rec.submit(adm, "a")
+    for label in "bcd":
+        rec.submit(adm, label)
+    holder.success()  # type: ignore[union-attr]
+    assert [label for label, _ in rec.granted] == ["d"]
+
+
+def test_priorities_serve_critical_first_and_shed_sheddable_when_full() -> None:
+    adm, _, _ = make(limit=1, max_queue=2)
+    rec = Recorder()
+    holder = rec.submit(adm, "a")
+    rec.submit(adm, "shed", priority=Priority.SHEDDABLE)
+    rec.submit(adm, "default", priority=Priority.DEFAULT)
+    rec.submit(adm, "critical", priority=Priority.CRITICAL)  # queue full: evicts "shed"
+    assert [(label, exc.reason) for label, exc in rec.rejected] == [("shed", RejectReason.PRIORITY)]
+    with pytest.raises(Rejected) as info:
+        rec.submit(adm, "another-shed", priority=Priority.SHEDDABLE)
+    assert info.value.reason is RejectReason.LIMIT
+    holder.success()  # type: ignore[union-attr]
+    assert [label for label, _ in rec.granted] == ["critical"]
+
+
+def test_reserved_share_keeps_slots_for_critical_requests() -> None:
+    adm, _, _ = make(limit=10, reserved={Priority.CRITICAL: 0.2})
+    rec = Recorder()
+    defaults = [rec.submit(adm, f"d{i}") for i in range(9)]
+    assert sum(isinstance(t, Token) for t in defaults) == 8  # 2 of 10 held back
+    critical = rec.submit(adm, "c", priority=Priority.CRITICAL)
+    assert isinstance(critical, Token)
+
+
+def test_raised_limit_admits_waiters_immediately() -> None:
+    adm, algorithm, _ = make(limit=1)
+    rec = Recorder()
+    rec.submit(adm, "a")
+    rec.submit(adm, "b")
+    rec.submit(adm, "c")
+    algorithm.value = 3
+    adm.limit_changed()
+    assert [label for label, _ in rec.granted] == ["b", "c"]
+    assert adm.inflight == 3
+
+
+def test_lowered_limit_holds_new_work_until_inflight_drops() -> None:
+    adm, algorithm, _ = make(limit=3)
+    rec = Recorder()
+    tokens = [rec.submit(adm, str(i)) for i in range(3)]
+    algorithm.value = 1
+    rec.submit(adm, "w")
+    tokens[0].success()  # type: ignore[union-attr]
+    tokens[1].success()  # type: ignore[union-attr]
+    assert rec.granted == []
+    tokens[2].success()  # type: ignore[union-attr]
+    assert [label for label, _ in rec.granted] == ["w"]
+
+
+def test_learned_patience_becomes_the_default_deadline() -> None:
+    adm, _, clock = make(limit=1, max_queue_wait=100)
+    for _ in range(5):
+        adm.client_gave_up(2.0)
+    assert adm.snapshot().patience_s == pytest.approx(2.0)
+    rec = Recorder()
+    rec.submit(adm, "busy")
+    rec.submit(adm, "patient")  # no deadline sent: now + 2 s applies
+    assert adm.next_expiry() == pytest.approx(clock.now() + 2.0)
+
+
+def test_codel_sheds_quickly_while_the_queue_stays_standing() -> None:
+    adm, _, clock = make(limit=1, discipline="codel", max_queue_wait=10)
+    rec = Recorder()
+    holder = rec.submit(adm, "a")
+    rec.submit(adm, "old")
+    # No dequeue for a whole interval while requests wait: overloaded.
+    clock.advance(0.11)
+    adm.expire()
+    rec.submit(adm, "new")
+    clock.advance(0.11)
+    adm.expire()
+    assert "old" in [label for label, exc in rec.rejected]
+    assert all(exc.reason is RejectReason.QUEUE_TIMEOUT for _, exc in rec.rejected)
+    assert isinstance(holder, Token)
+
+
+def test_snapshot_and_retry_after() -> None:
+    adm, _, clock = make(limit=2)
+    token = adm.try_acquire()
+    clock.advance(1.0)
+    token.success()
+    rec = Recorder()
+    for label in "abcd":
+        rec.submit(adm, label)
+    snap = adm.snapshot()
+    assert (snap.limit, snap.inflight, snap.queue_length) == (2, 2, 2)
+    assert snap.counts["admitted"] == 3 and snap.counts["queued"] == 2
+    assert snap.service_time_s == pytest.approx(1.0)
+    assert adm.retry_after() == pytest.approx((2 + 1) / 2 * 1.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"max_queue": -1}, "max_queue"),
+        ({"max_queue_wait": -0.5}, "max_queue_wait"),
+        ({"discipline": "random"}, "discipline"),
+        ({"reserved": {Priority.CRITICAL: 1.5}}, "reserved"),
+    ],
+)
+def test_bad_configuration_fails_at_construction(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make(**kwargs)
+    assert info.value.field == field
+    assert field in str(info.value)

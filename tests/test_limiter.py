@@ -1,0 +1,90 @@
+"""The asyncio Limiter: waiting, cancellation, queue timeouts and outcomes, in real time
+with generous bounds."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from loadshed.errors import Outcome, Priority, Rejected, RejectReason
+from loadshed.limiter import Limiter
+from loadshed.limits.fixed import Fixed
+
+
+async def test_context_manager_records_success_and_frees_the_slot() -> None:
+    limiter = Limiter(Fixed(1))
+    async with limiter.acquire() as token:
+        assert limiter.inflight == 1
+    assert token.outcome is Outcome.SUCCESS
+    assert limiter.inflight == 0 and limiter.snapshot().counts["success"] == 1
+
+
+async def test_timeout_error_is_dropped_and_other_errors_ignored() -> None:
+    limiter = Limiter(Fixed(2))
+    with pytest.raises(TimeoutError):
+        async with limiter.acquire() as dropped:
+            raise TimeoutError
+    with pytest.raises(ValueError):
+        async with limiter.acquire() as ignored:
+            raise ValueError("bug")
+    assert dropped.outcome is Outcome.DROPPED
+    assert ignored.outcome is Outcome.IGNORED
+    assert limiter.inflight == 0
+
+
+async def test_waiters_are_served_in_order_as_slots_free() -> None:
+    limiter = Limiter(Fixed(1), max_queue_wait=5)
+    order: list[int] = []
+
+    async def worker(i: int) -> None:
+        async with limiter.acquire():
+            order.append(i)
+            await asyncio.sleep(0.01)
+
+    await asyncio.gather(*(worker(i) for i in range(5)))
+    assert order == [0, 1, 2, 3, 4]
+    assert limiter.snapshot().counts["queued"] == 4
+
+
+async def test_cancelled_waiter_leaves_queue_and_frees_nothing() -> None:
+    limiter = Limiter(Fixed(1), max_queue_wait=5)
+    holder = await limiter.acquire()
+    waiter = asyncio.create_task(limiter._acquire(Priority.DEFAULT, None))
+    await asyncio.sleep(0.01)
+    assert limiter.queue_length == 1
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert limiter.queue_length == 0 and limiter.inflight == 1
+    assert limiter.snapshot().counts["rejected:client_gone"] == 1
+    holder.success()
+    assert limiter.inflight == 0
+
+
+async def test_queue_timeout_rejects_the_waiter_by_itself() -> None:
+    limiter = Limiter(Fixed(1), max_queue_wait=0.05)
+    holder = await limiter.acquire()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(Rejected) as info:
+        await asyncio.wait_for(limiter.acquire(), timeout=5)
+    waited = loop.time() - started
+    assert info.value.reason is RejectReason.QUEUE_TIMEOUT
+    assert 0.04 <= waited < 2.0
+    holder.success()
+
+
+async def test_try_acquire_never_queues() -> None:
+    limiter = Limiter(Fixed(1))
+    token = limiter.try_acquire()
+    with pytest.raises(Rejected) as info:
+        limiter.try_acquire()
+    assert info.value.reason is RejectReason.LIMIT
+    token.success()
+
+
+async def test_spec_strings_and_ints_build_the_algorithm() -> None:
+    assert Limiter(3).limit == 3
+    assert Limiter("fixed:4").limit == 4
+    assert Limiter().snapshot().algorithm.startswith("little")
