@@ -471,7 +471,8 @@ class ModelRunner(Generic[R]):
         try:
             return await job.future  # type: ignore[no-any-return]
         except asyncio.CancelledError:
-            if not job.future.done():
+            # Cancelling our task cancels job.future too (unless the result won the race).
+            if job.future.cancelled() or not job.future.done():
                 # The caller is gone; the job keeps its worker busy until it returns (its
                 # result is then discarded), unless asked to kill it.
                 self._cancelled += 1

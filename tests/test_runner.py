@@ -1,0 +1,370 @@
+"""ModelRunner against real worker processes: parallelism, no hidden queue, cancellation,
+crashes, timeouts, exceptions and start methods.
+
+Job functions are module-level so that forkserver and spawn can import them by name.
+Timestamps come from inside the workers (``time.monotonic`` is system-wide on Linux).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from loadshed.errors import ConfigError
+from loadshed.runner import (
+    JobTimeout,
+    ModelRunner,
+    RemoteTraceback,
+    RunnerClosed,
+    WorkerCrashed,
+    WorkerInitError,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+# --------------------------------------------------------------------------- worker-side code
+
+MODEL: dict[str, Any] = {}
+
+
+def load_model(scale: int) -> None:
+    """Initializer: stands in for loading a model into a module global."""
+    MODEL["scale"] = scale
+    MODEL["pid"] = os.getpid()
+
+
+def failing_initializer() -> None:
+    raise RuntimeError("model file missing")
+
+
+def scaled(x: int) -> tuple[int, int]:
+    """Uses the model loaded by the initializer."""
+    return x * MODEL["scale"], MODEL["pid"]
+
+
+def timed_sleep(label: str, seconds: float, log: str | None = None) -> dict[str, Any]:
+    """Sleep in the worker, reporting when it ran; append the label to ``log`` if given."""
+    started = time.monotonic()
+    if log is not None:
+        with open(log, "a") as f:
+            f.write(label + "\n")
+    time.sleep(seconds)
+    return {"label": label, "pid": os.getpid(), "start": started, "end": time.monotonic()}
+
+
+def whoami() -> int:
+    return os.getpid()
+
+
+def die(how: str) -> None:
+    if how == "exit":
+        os._exit(7)
+    if how == "segfault":
+        ctypes.string_at(0)  # a real invalid memory read
+    raise AssertionError(f"unknown way to die: {how}")
+
+
+class ModelInputError(ValueError):
+    """A job-specific exception type that must reach the caller as itself."""
+
+    def __init__(self, field: str) -> None:
+        super().__init__(f"bad field {field}")
+        self.field = field
+
+
+def raise_model_error(field: str) -> None:
+    raise ModelInputError(field)
+
+
+class Unpicklable(Exception):
+    def __init__(self, a: int, b: int) -> None:  # pickling re-calls __init__ with args only
+        super().__init__(a)
+
+
+def raise_unpicklable() -> None:
+    raise Unpicklable(1, 2)
+
+
+def job(action: str, *args: Any) -> Any:
+    """One entry point for the runner under test, so a test can mix kinds of jobs."""
+    actions: dict[str, Callable[..., Any]] = {
+        "sleep": timed_sleep,
+        "die": die,
+        "raise": raise_model_error,
+        "raise_unpicklable": raise_unpicklable,
+        "scaled": scaled,
+        "whoami": whoami,
+    }
+    return actions[action](*args)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+async def wait_until(predicate: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+def read_log(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+# --------------------------------------------------------------------------- tests
+
+
+async def test_n_workers_run_n_jobs_at_once() -> None:
+    async with ModelRunner(job, workers=3, mp_context="fork") as runner:
+        results = await asyncio.gather(*(runner.run("sleep", f"j{i}", 0.6) for i in range(3)))
+    assert len({r["pid"] for r in results}) == 3
+    # All three were running at the same moment: the last start precedes the first end.
+    assert max(r["start"] for r in results) < min(r["end"] for r in results)
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    assert wall < 1.5  # serial would be >= 1.8 s
+
+
+async def test_no_job_dispatched_past_worker_count(tmp_path: Path) -> None:
+    log = tmp_path / "started.log"
+    async with ModelRunner(job, workers=2, mp_context="fork") as runner:
+        tasks = [asyncio.create_task(runner.run("sleep", f"j{i}", 0.5, str(log))) for i in range(3)]
+        await wait_until(lambda: len(read_log(log)) == 2)
+        await asyncio.sleep(0.2)  # the third must still not have reached a worker
+        assert len(read_log(log)) == 2
+        stats = runner.stats()
+        assert (stats.busy, stats.idle, stats.waiting) == (2, 0, 1)
+        results = await asyncio.gather(*tasks)
+    first_end = min(r["end"] for r in results[:2])
+    assert results[2]["start"] >= first_end - 0.01
+    assert results[2]["pid"] in {results[0]["pid"], results[1]["pid"]}
+
+
+async def test_cancelled_waiter_leaves_no_job_behind(tmp_path: Path) -> None:
+    log = tmp_path / "started.log"
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+        busy = asyncio.create_task(runner.run("sleep", "busy", 0.4, str(log)))
+        waiting = asyncio.create_task(runner.run("sleep", "cancelled", 0.0, str(log)))
+        await wait_until(lambda: runner.stats().waiting == 1)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert runner.stats().waiting == 0
+        await busy
+        after = await runner.run("sleep", "after", 0.0, str(log))
+    assert after["label"] == "after"
+    assert read_log(log) == ["busy", "after"]
+
+
+async def test_cancel_at_handover_returns_the_worker(tmp_path: Path) -> None:
+    """The waiter is cancelled after a worker was handed to it but before it resumed."""
+    log = tmp_path / "started.log"
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+        waiting: asyncio.Task[dict[str, Any]] | None = None
+
+        async def first_then_cancel_waiter() -> None:
+            await runner.run("sleep", "first", 0.3, str(log))
+            # Our wake-up was scheduled before the waiter's: it already holds the worker.
+            assert waiting is not None
+            waiting.cancel()
+
+        first = asyncio.create_task(first_then_cancel_waiter())
+        await wait_until(lambda: runner.stats().busy == 1)
+        waiting = asyncio.create_task(runner.run("sleep", "handed-over", 0.0, str(log)))
+        await wait_until(lambda: runner.stats().waiting == 1)
+        await first
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        after = await asyncio.wait_for(runner.run("sleep", "after", 0.0, str(log)), 2.0)
+        assert runner.stats().idle == 1
+    assert after["label"] == "after"
+    assert read_log(log) == ["first", "after"]
+
+
+async def test_cancelling_a_running_job_does_not_poison_the_worker() -> None:
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+        running = asyncio.create_task(runner.run("sleep", "abandoned", 0.5))
+        await wait_until(lambda: runner.stats().busy == 1)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        # The worker is still busy with the abandoned job: the next job waits, then gets
+        # its own result (not the abandoned one's).
+        nxt = await runner.run("sleep", "next", 0.0)
+        stats = runner.stats()
+    assert nxt["label"] == "next"
+    assert stats.cancelled == 1
+    assert stats.completed == 1
+    assert stats.restarts == 0
+
+
+async def test_kill_on_cancel_frees_the_worker_at_once() -> None:
+    async with ModelRunner(job, workers=1, mp_context="fork", kill_on_cancel=True) as r:
+        running = asyncio.create_task(r.run("sleep", "abandoned", 30.0))
+        await wait_until(lambda: r.stats().busy == 1)
+        started = time.monotonic()
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        nxt = await r.run("sleep", "next", 0.0)
+        elapsed = time.monotonic() - started
+        stats = r.stats()
+    assert nxt["label"] == "next"
+    assert elapsed < 2.0
+    assert (stats.cancelled, stats.crashed, stats.restarts) == (1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "how, exitcode, signal_name", [("exit", 7, None), ("segfault", -11, "SIGSEGV")]
+)
+async def test_crash_fails_only_its_job(how: str, exitcode: int, signal_name: str | None) -> None:
+    async with ModelRunner(job, workers=2, mp_context="fork") as runner:
+        bystander = asyncio.create_task(runner.run("sleep", "bystander", 0.5))
+        await wait_until(lambda: runner.stats().busy == 1)
+        with pytest.raises(WorkerCrashed) as info:
+            await runner.run("die", how)
+        assert info.value.exitcode == exitcode
+        assert info.value.signal == signal_name
+        crashed_at = time.monotonic()
+        nxt = await runner.run("sleep", "next", 0.0)
+        assert time.monotonic() - crashed_at < 2.0
+        assert (await bystander)["label"] == "bystander"
+        assert nxt["label"] == "next"
+        stats = runner.stats()
+    assert (stats.crashed, stats.completed, stats.restarts) == (1, 2, 1)
+
+
+async def test_worker_killed_from_outside_mid_job() -> None:
+    """SIGKILL (what the OOM killer sends) to a worker running a job."""
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+        pid = await runner.run("whoami")
+        victim = asyncio.create_task(runner.run("sleep", "victim", 30.0))
+        await wait_until(lambda: runner.stats().busy == 1)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(WorkerCrashed) as info:
+            await victim
+        assert info.value.signal == "SIGKILL"
+        assert info.value.pid == pid
+        killed_at = time.monotonic()
+        new_pid = await runner.run("whoami")
+        assert time.monotonic() - killed_at < 2.0
+    assert new_pid != pid
+    assert not psutil.pid_exists(pid)
+
+
+async def test_job_timeout_kills_and_replaces_the_worker() -> None:
+    async with ModelRunner(job, workers=1, mp_context="fork", job_timeout=0.3) as runner:
+        pid = await runner.run("whoami")
+        started = time.monotonic()
+        with pytest.raises(JobTimeout) as info:
+            await runner.run("sleep", "stuck", 30.0)
+        assert 0.25 < time.monotonic() - started < 2.0
+        assert info.value.timeout == pytest.approx(0.3)
+        new_pid = await runner.run("whoami")
+        stats = runner.stats()
+    assert new_pid != pid
+    assert (stats.timed_out, stats.crashed, stats.restarts) == (1, 0, 1)
+
+
+async def test_exceptions_from_fn_keep_their_type_and_traceback() -> None:
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+        with pytest.raises(ModelInputError) as info:
+            await runner.run("raise", "pixels")
+        assert info.value.field == "pixels"
+        assert isinstance(info.value.__cause__, RemoteTraceback)
+        assert "raise_model_error" in str(info.value.__cause__)
+        # An exception that cannot be pickled back still reaches the caller, named.
+        with pytest.raises(Exception, match="Unpicklable"):
+            await runner.run("raise_unpicklable")
+        # An argument that cannot be pickled fails in the caller; the worker is untouched.
+        with pytest.raises((AttributeError, TypeError, ValueError)):
+            await runner.run("sleep", lambda: None, 0.0)
+        assert runner.stats().idle == 1
+        assert (await runner.run("sleep", "ok", 0.0))["label"] == "ok"
+        stats = runner.stats()
+    assert (stats.failed, stats.completed, stats.crashed) == (2, 1, 0)
+
+
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+async def test_start_methods_load_the_model_once_per_worker(method: str) -> None:
+    async with ModelRunner(
+        job, workers=2, initializer=load_model, initargs=(3,), mp_context=method
+    ) as runner:
+        assert runner.start_method == method
+        results = await asyncio.gather(*(runner.run("scaled", i) for i in range(6)))
+        with pytest.raises(WorkerCrashed):
+            await runner.run("die", "exit")
+        after = await asyncio.wait_for(runner.run("scaled", 5), 2.0)
+    assert [value for value, _ in results] == [0, 3, 6, 9, 12, 15]
+    assert os.getpid() not in {pid for _, pid in results}
+    assert len({pid for _, pid in results}) == 2
+    assert after[0] == 15
+
+
+async def test_failing_initializer_fails_start_and_leaves_no_process() -> None:
+    children_before = {child.pid for child in psutil.Process().children()}
+    runner = ModelRunner(job, workers=2, initializer=failing_initializer, mp_context="fork")
+    with pytest.raises(WorkerInitError, match="model file missing") as info:
+        await runner.start()
+    assert "failing_initializer" in str(info.value.__cause__)
+    assert runner.closed
+    await wait_until(
+        lambda: not {child.pid for child in psutil.Process().children()} - children_before
+    )
+
+
+async def test_close_fails_waiting_and_running_jobs_and_stops_workers() -> None:
+    runner = ModelRunner(job, workers=1, mp_context="fork")
+    await runner.start()
+    pid = await runner.run("whoami")
+    running = asyncio.create_task(runner.run("sleep", "running", 30.0))
+    waiting = asyncio.create_task(runner.run("sleep", "waiting", 0.0))
+    await wait_until(lambda: runner.stats().waiting == 1)
+    await runner.close()
+    with pytest.raises(RunnerClosed):
+        await running
+    with pytest.raises(RunnerClosed):
+        await waiting
+    with pytest.raises(RunnerClosed):
+        await runner.run("whoami")
+    assert not psutil.pid_exists(pid)
+    await runner.close()  # idempotent
+
+
+async def test_stats_report_service_time_percentiles() -> None:
+    async with ModelRunner(job, workers=2, mp_context="fork") as runner:
+        assert runner.stats().service_count == 0
+        await asyncio.gather(*(runner.run("sleep", "s", 0.1) for _ in range(4)))
+        stats = runner.stats()
+    assert stats.service_count == 4
+    assert 0.09 < stats.service_p50 < 1.0
+    assert stats.service_p50 <= stats.service_p99 <= stats.service_max
+    assert stats.as_dict()["completed"] == 4
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"workers": 0}, "workers"),
+        ({"workers": 1.5}, "workers"),
+        ({"mp_context": "threads"}, "mp_context"),
+        ({"job_timeout": 0}, "job_timeout"),
+        ({"job_timeout": float("nan")}, "job_timeout"),
+        ({"initializer": 42}, "initializer"),
+    ],
+)
+def test_invalid_configuration_names_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        ModelRunner(job, **kwargs)
+    assert info.value.field == field
+    assert str(info.value).startswith(field)
