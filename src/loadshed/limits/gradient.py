@@ -1,0 +1,283 @@
+"""Envoy-style adaptive concurrency (the ``adaptive_concurrency`` gradient controller).
+
+Reimplements the rule of Envoy's gradient controller in virtual time (samples carry
+the clock, so intervals close on the first sample after their end):
+
+- every ``update_interval``: ``sample_rtt`` = the ``percentile`` of the interval's
+  latencies; ``gradient = clamp((1 + buffer) x min_rtt / sample_rtt, 0.5, 2)``;
+  ``x = gradient x L``; ``L = clamp(floor(x + sqrt(x)), min_limit, max_limit)``
+  (``sqrt(x)`` is the burst headroom);
+- ``min_rtt`` is measured at start and re-measured every ``probe_interval`` plus a
+  random jitter of up to ``probe_jitter`` of it: the limit is pinned to
+  ``probe_limit`` until ``probe_requests`` latencies of requests started during the
+  probe are gathered; their percentile is the new ``min_rtt`` and the limit is
+  restored. Five consecutive intervals at ``min_limit`` trigger a re-measure at once.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from loadshed.errors import ConfigError
+from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
+
+__all__ = ["Gradient"]
+
+_MIN_STREAK_TO_PROBE = 5  # Envoy: 5 consecutive sample windows at the minimum
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _positive_seconds(field: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise ConfigError(field, f"must be a finite number of seconds > 0, got {value}")
+
+
+class Gradient(LimitAlgorithm):
+    """Envoy-style gradient limit with periodic min-RTT re-measurement.
+
+    Defaults (chosen for ML model endpoints: 1 to 64 workers, 10 ms to seconds per call):
+
+    - ``initial_limit=4``, ``max_limit=128``: see :class:`~loadshed.limits.aimd.AIMD`.
+    - ``min_limit=1`` separate from ``probe_limit=3`` (ours): Envoy uses its
+      ``min_concurrency`` both as the probe limit and as the floor, so a floor high
+      enough to make probes painless keeps an overloaded model from ever being shed
+      enough to recover (Envoy issues #38338, #46532). The probe pins the limit to
+      ``min(L, probe_limit)``, never raising it.
+    - ``update_interval=1.0`` s: model calls take up to seconds; Envoy's usual 100 ms
+      would hold no sample at all for most intervals.
+    - ``percentile=0.5``, ``buffer=0.25``, ``probe_interval=60`` s,
+      ``probe_jitter=0.15``: Envoy's values.
+    - ``probe_requests=20`` and ``probe_timeout=1.0`` s (ours): the probe ends after 20
+      latencies, or once it is ``probe_timeout`` old and holds at least one. Envoy
+      waits for 50 latencies at a limit of 3, which at 1 s per call pins the limit
+      for ~17 s, shedding after every deploy and every minute under load.
+    - ``passive_probe=True`` (ours): any update interval whose requests all ran at
+      ``inflight <= probe_limit`` already measured what a probe would, so it refreshes
+      ``min_rtt`` and postpones the probe. At low traffic the limit is never pinned
+      (Envoy pins it regardless, and blocks the occasional burst).
+    - ``drop_backoff=0.9`` (ours): an interval with a dropped request ends with the
+      limit at most ``floor(0.9 L)``, and dropped latencies are not used. Envoy only
+      sees latencies, so when every request ends at the same timeout the p50 equals
+      the (timeout-inflated) min_rtt, the gradient is 1.25 and the limit climbs.
+
+    ``seed`` seeds the jitter (``random.Random(seed)``) so runs are repeatable.
+    :meth:`published` returns Envoy's defaults (limit 3 and pinned at start, min 3,
+    max 1000, 100 ms interval, 50 probe requests, no timeout, no passive probe,
+    drops ignored).
+    """
+
+    name = "gradient"
+
+    def __init__(
+        self,
+        *,
+        initial_limit: int = 4,
+        min_limit: int = 1,
+        max_limit: int = 128,
+        update_interval: float = 1.0,
+        percentile: float = 0.5,
+        buffer: float = 0.25,
+        probe_interval: float = 60.0,
+        probe_jitter: float = 0.15,
+        probe_requests: int = 20,
+        probe_limit: int = 3,
+        probe_timeout: float | None = 1.0,
+        passive_probe: bool = True,
+        drop_backoff: float | None = 0.9,
+        seed: int | None = 0,
+    ) -> None:
+        check_bounds(initial_limit, min_limit, max_limit)
+        _positive_seconds("update_interval", update_interval)
+        _positive_seconds("probe_interval", probe_interval)
+        if probe_timeout is not None:
+            _positive_seconds("probe_timeout", probe_timeout)
+        if not 0.0 < percentile <= 1.0:
+            raise ConfigError("percentile", f"must be in (0, 1], got {percentile}")
+        if not (buffer >= 0 and math.isfinite(buffer)):
+            raise ConfigError("buffer", f"must be a finite fraction >= 0, got {buffer}")
+        if not 0.0 <= probe_jitter <= 1.0:
+            raise ConfigError("probe_jitter", f"must be in [0, 1], got {probe_jitter}")
+        if probe_requests < 1:
+            raise ConfigError("probe_requests", f"must be >= 1, got {probe_requests}")
+        if probe_limit < 1:
+            raise ConfigError("probe_limit", f"must be >= 1, got {probe_limit}")
+        if drop_backoff is not None and not 0.5 <= drop_backoff < 1.0:
+            raise ConfigError("drop_backoff", f"must be in [0.5, 1.0) or None, got {drop_backoff}")
+        self.min_limit = min_limit
+        self.max_limit = max_limit
+        self.update_interval = update_interval
+        self.percentile = percentile
+        self.buffer = buffer
+        self.probe_interval = probe_interval
+        self.probe_jitter = probe_jitter
+        self.probe_requests = probe_requests
+        self.probe_limit = probe_limit
+        self.probe_timeout = probe_timeout
+        self.passive_probe = passive_probe
+        self.drop_backoff = drop_backoff
+        self._random = random.Random(seed)
+        self._min_rtt: float | None = None
+        # Current update interval (sample window).
+        self._interval_start: float | None = None
+        self._interval_rtts: list[float] = []
+        self._interval_max_inflight = 0
+        self._interval_dropped = False
+        # Min-RTT probe: starts pinned at construction, as Envoy's controller does.
+        self._probing = True
+        self._probe_start: float | None = None  # set by the first sample
+        self._probe_rtts: list[float] = []
+        self._deferred_limit = initial_limit
+        self._limit = max(self.min_limit, min(initial_limit, probe_limit))
+        self._next_probe_at: float | None = None
+        self._min_streak = 0
+        self.probes_started = 1
+        """How many min-RTT probes (pinned measurements) have started, for tests and logs."""
+
+    @classmethod
+    def published(cls, seed: int | None = 0) -> Gradient:
+        """Envoy's gradient controller defaults (with a 100 ms update interval and a
+        60 s min-RTT interval, the values of Envoy's documented example)."""
+        return cls(
+            initial_limit=3,
+            min_limit=3,
+            max_limit=1000,
+            update_interval=0.1,
+            percentile=0.5,
+            buffer=0.25,
+            probe_interval=60.0,
+            probe_jitter=0.15,
+            probe_requests=50,
+            probe_limit=3,
+            probe_timeout=None,
+            passive_probe=False,
+            drop_backoff=None,
+            seed=seed,
+        )
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    @property
+    def min_rtt(self) -> float | None:
+        """The measured no-load latency (None until the first probe completes)."""
+        return self._min_rtt
+
+    @property
+    def probing(self) -> bool:
+        """True while the limit is pinned to measure the min RTT."""
+        return self._probing
+
+    def update(self, sample: Sample) -> int:
+        now = sample.now
+        rtt = sample.rtt
+        has_latency = math.isfinite(rtt) and rtt > 0
+        use_latency = has_latency and not (sample.dropped and self.drop_backoff is not None)
+        if self._probing:
+            self._probe_step(sample, now, rtt if use_latency else None)
+            return self._limit
+        if self._next_probe_at is not None and now >= self._next_probe_at:
+            self._enter_probe(now)
+            self._probe_step(sample, now, rtt if use_latency else None)
+            return self._limit
+        if self._interval_start is None:
+            self._interval_start = now
+        elif now - self._interval_start >= self.update_interval:
+            self._close_interval(now)
+            if self._probing:  # the interval triggered a re-measure
+                self._probe_step(sample, now, rtt if use_latency else None)
+                return self._limit
+        if use_latency:
+            self._interval_rtts.append(rtt)
+        self._interval_max_inflight = max(self._interval_max_inflight, sample.inflight)
+        self._interval_dropped = self._interval_dropped or sample.dropped
+        return self._limit
+
+    # -- update intervals ----------------------------------------------------------
+
+    def _close_interval(self, now: float) -> None:
+        rtts = self._interval_rtts
+        old_limit = self._limit
+        new_limit = old_limit
+        if rtts and self._min_rtt is not None:
+            sample_rtt = _percentile(rtts, self.percentile)
+            buffered = self._min_rtt * (1.0 + self.buffer)
+            gradient = max(0.5, min(2.0, buffered / sample_rtt))
+            scaled = gradient * old_limit
+            new_limit = self._clamp(math.floor(scaled + math.sqrt(scaled)))
+        if self._interval_dropped and self.drop_backoff is not None:
+            new_limit = min(new_limit, self._clamp(math.floor(old_limit * self.drop_backoff)))
+        if (
+            self.passive_probe
+            and rtts
+            and self._interval_max_inflight <= self.probe_limit
+            and not self._interval_dropped
+        ):
+            # Requests ran at probe concurrency anyway: this was a probe, for free.
+            self._min_rtt = _percentile(rtts, self.percentile)
+            self._schedule_probe(now)
+        self._limit = new_limit
+        if old_limit == self.min_limit and new_limit == self.min_limit:
+            self._min_streak += 1
+        else:
+            self._min_streak = 0
+        self._reset_interval(now)
+        if self._min_streak >= _MIN_STREAK_TO_PROBE:
+            # Stuck at the floor: the min RTT is probably wrong, and the limit is
+            # already where a probe would put it, so measure again now.
+            self._enter_probe(now)
+
+    def _reset_interval(self, now: float) -> None:
+        self._interval_start = now
+        self._interval_rtts = []
+        self._interval_max_inflight = 0
+        self._interval_dropped = False
+
+    # -- min-RTT probe -------------------------------------------------------------
+
+    def _enter_probe(self, now: float) -> None:
+        self._probing = True
+        self._probe_start = now
+        self._probe_rtts = []
+        self._deferred_limit = self._limit
+        self._limit = max(self.min_limit, min(self._limit, self.probe_limit))
+        self._min_streak = 0
+        self.probes_started += 1
+
+    def _probe_step(self, sample: Sample, now: float, rtt: float | None) -> None:
+        if self._probe_start is None:
+            # Start-up probe: the epoch begins with the first request we hear of.
+            self._probe_start = now - rtt if rtt is not None else now
+        admitted_at = now - sample.rtt if math.isfinite(sample.rtt) else now
+        # Requests admitted before the probe ran at the old limit: not a min RTT.
+        if rtt is not None and admitted_at >= self._probe_start:
+            self._probe_rtts.append(rtt)
+        gathered = len(self._probe_rtts)
+        timed_out = (
+            self.probe_timeout is not None
+            and now - self._probe_start >= self.probe_timeout
+            and gathered > 0
+        )
+        if gathered >= self.probe_requests or timed_out:
+            self._min_rtt = _percentile(self._probe_rtts, self.percentile)
+            self._probing = False
+            self._probe_rtts = []
+            self._limit = self._deferred_limit
+            self._schedule_probe(now)
+            self._reset_interval(now)
+
+    def _schedule_probe(self, now: float) -> None:
+        jitter = self._random.uniform(0.0, self.probe_jitter * self.probe_interval)
+        self._next_probe_at = now + self.probe_interval + jitter
+
+    def describe(self) -> str:
+        min_rtt = "?" if self._min_rtt is None else f"{self._min_rtt * 1e3:.1f}ms"
+        state = ", probing" if self._probing else ""
+        return f"gradient(limit={self._limit}, min_rtt={min_rtt}{state})"
