@@ -16,12 +16,12 @@ from collections.abc import Generator, Mapping
 from types import TracebackType
 from typing import Any
 
-from loadshed.admission import Admission, LimiterListener, LimiterSnapshot, Token
+from loadshed.admission import Admission, LimiterListener, LimiterSnapshot, Ticket, Token
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import Outcome, Priority, Rejected, RejectReason
 from loadshed.limits.base import LimitAlgorithm
 
-__all__ = ["Limiter", "Token"]
+__all__ = ["Limiter", "Token", "Waiting"]
 
 
 class Limiter:
@@ -121,7 +121,14 @@ class Limiter:
         """
         return _Acquire(self, priority, deadline)
 
-    async def _acquire(self, priority: Priority, deadline: float | None) -> Token:
+    def enter(
+        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+    ) -> Token | Waiting:
+        """Submit without awaiting: a Token now, a :class:`Waiting` (queued), or Rejected.
+
+        For integrations that must watch something else while queued (the ASGI
+        middleware watches for the client's disconnect).
+        """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Token] = loop.create_future()
 
@@ -141,14 +148,13 @@ class Limiter:
         if isinstance(result, Token):
             return result
         self._arm_timer(loop)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if not self.admission.cancel(result, RejectReason.CLIENT_GONE) and (
-                future.done() and not future.cancelled() and future.exception() is None
-            ):
-                future.result().release(Outcome.IGNORED)
-            raise
+        return Waiting(self.admission, result, future)
+
+    async def _acquire(self, priority: Priority, deadline: float | None) -> Token:
+        entry = self.enter(priority=priority, deadline=deadline)
+        if isinstance(entry, Token):
+            return entry
+        return await entry.wait()
 
     def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
         """Keep one timer at the earliest queue expiry."""
@@ -166,6 +172,36 @@ class Limiter:
         self._timer_at = float("inf")
         self.admission.expire()
         self._arm_timer(loop)
+
+
+class Waiting:
+    """A queued acquisition: ``await waiting.wait()`` for the token, or ``cancel()``."""
+
+    __slots__ = ("_admission", "future", "ticket")
+
+    def __init__(self, admission: Admission, ticket: Ticket, future: asyncio.Future[Token]) -> None:
+        self._admission = admission
+        self.ticket = ticket
+        self.future = future
+
+    async def wait(self) -> Token:
+        """The token once granted; raises Rejected if evicted. Cancelling leaves the queue."""
+        try:
+            return await asyncio.shield(self.future)
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+
+    def cancel(self, reason: RejectReason = RejectReason.CLIENT_GONE) -> None:
+        """Leave the queue (``reason`` is counted); a token granted meanwhile is released."""
+        if self._admission.cancel(self.ticket, reason):
+            self.future.cancel()
+            return
+        future = self.future
+        if future.done() and not future.cancelled() and future.exception() is None:
+            future.result().release(Outcome.IGNORED)
+        elif not future.done():
+            future.cancel()
 
 
 class _Acquire:
