@@ -1,0 +1,213 @@
+"""E4: backpressure for bulk async work (DESIGN.md section 6).
+
+100,000 inputs, concurrency 500, each call awaiting U(0.1, 0.2) s. Compares, in one
+run and on the same pre-drawn durations, the four variants of the published write-up
+with ``bounded_map``:
+
+- ``batching``: ``gather`` over consecutive batches of ``concurrency`` inputs;
+- ``sem-in-task``: one task per input created up front, a semaphore taken inside it;
+- ``sem-before+callback``: semaphore acquired before the task is created, released by
+  a done callback;
+- ``sem-before+release-in-task``: the same, released in the task's ``finally``;
+- ``bounded_map`` in completion order and in input order (``ordered=True``).
+
+Wall time and tracemalloc peak are measured together (tracing on), one variant after
+the other. The physical limit is sum(durations) / concurrency.
+
+    .venv/bin/python bench/e4_bounded_map.py            # 100,000 inputs (~4 min)
+    .venv/bin/python bench/e4_bounded_map.py --quick    # 10,000 inputs (~25 s)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import random
+import time
+import tracemalloc
+from collections.abc import Callable, Coroutine
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import click
+
+from loadshed.bounded import bounded_map
+
+DURATIONS: list[float] = []
+"""Per-input sleep, drawn once before tracing so every variant does the same work."""
+
+
+async def work(index: int) -> int:
+    """The unit of work: await its pre-drawn duration and return the input."""
+    await asyncio.sleep(DURATIONS[index])
+    return index
+
+
+async def batching(inputs: int, concurrency: int) -> int:
+    done = 0
+    for start in range(0, inputs, concurrency):
+        batch = range(start, min(start + concurrency, inputs))
+        results = await asyncio.gather(*(work(index) for index in batch))
+        done += len(results)
+    return done
+
+
+async def semaphore_in_task(inputs: int, concurrency: int) -> int:
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def guarded(index: int) -> int:
+        async with semaphore:
+            return await work(index)
+
+    tasks = [asyncio.create_task(guarded(index)) for index in range(inputs)]
+    results = await asyncio.gather(*tasks)
+    return len(results)
+
+
+async def semaphore_before_callback(inputs: int, concurrency: int) -> int:
+    semaphore = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[int]] = set()
+    done = 0
+
+    def finished(task: asyncio.Task[int]) -> None:
+        nonlocal done
+        running.discard(task)
+        semaphore.release()
+        task.result()
+        done += 1
+
+    for index in range(inputs):
+        await semaphore.acquire()
+        task = asyncio.create_task(work(index))
+        running.add(task)
+        task.add_done_callback(finished)
+    await asyncio.gather(*running)
+    return done
+
+
+async def semaphore_before_release_in_task(inputs: int, concurrency: int) -> int:
+    semaphore = asyncio.Semaphore(concurrency)
+    running: set[asyncio.Task[int]] = set()
+    done = 0
+
+    async def guarded(index: int) -> int:
+        nonlocal done
+        try:
+            result = await work(index)
+            done += 1
+            return result
+        finally:
+            semaphore.release()
+
+    for index in range(inputs):
+        await semaphore.acquire()
+        task = asyncio.create_task(guarded(index))
+        running.add(task)
+        task.add_done_callback(running.discard)
+    await asyncio.gather(*running)
+    return done
+
+
+async def bounded_unordered(inputs: int, concurrency: int) -> int:
+    done = 0
+    async for _ in bounded_map(work, range(inputs), concurrency):
+        done += 1
+    return done
+
+
+async def bounded_ordered(inputs: int, concurrency: int) -> int:
+    expected = 0
+    async for result in bounded_map(work, range(inputs), concurrency, ordered=True):
+        if result != expected:
+            raise AssertionError(f"ordered: got input {result}, expected {expected}")
+        expected += 1
+    return expected
+
+
+VARIANTS: dict[str, Callable[[int, int], Coroutine[Any, Any, int]]] = {
+    "batching": batching,
+    "sem-in-task": semaphore_in_task,
+    "sem-before+callback": semaphore_before_callback,
+    "sem-before+release-in-task": semaphore_before_release_in_task,
+    "bounded_map": bounded_unordered,
+    "bounded_map ordered": bounded_ordered,
+}
+
+
+@dataclass
+class Result:
+    variant: str
+    wall_s: float
+    over_ideal_pct: float
+    peak_mb: float
+    results: int
+
+
+def measure(name: str, inputs: int, concurrency: int, ideal_s: float) -> Result:
+    variant = VARIANTS[name]
+    gc.collect()
+    tracemalloc.start()
+    started = time.perf_counter()
+    results = asyncio.run(variant(inputs, concurrency))
+    wall_s = time.perf_counter() - started
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    if results != inputs:
+        raise AssertionError(f"{name}: {results} results for {inputs} inputs")
+    return Result(name, wall_s, 100 * (wall_s / ideal_s - 1), peak / 1e6, results)
+
+
+@click.command()
+@click.option("--inputs", type=click.IntRange(min=1), default=100_000, show_default=True)
+@click.option("--concurrency", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--quick", is_flag=True, help="10,000 inputs instead of --inputs.")
+@click.option(
+    "--variant",
+    "variants",
+    type=click.Choice(list(VARIANTS)),
+    multiple=True,
+    help="Run only these variants (repeatable). Default: all.",
+)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Also write JSON.")
+def main(
+    inputs: int,
+    concurrency: int,
+    quick: bool,
+    variants: tuple[str, ...],
+    seed: int,
+    json_path: str | None,
+) -> None:
+    """E4: bounded_map against the published backpressure variants."""
+    if quick:
+        inputs = 10_000
+    rng = random.Random(seed)
+    DURATIONS[:] = [rng.uniform(0.1, 0.2) for _ in range(inputs)]
+    ideal_s = sum(DURATIONS) / concurrency
+    click.echo(
+        f"E4: {inputs:,} inputs, concurrency {concurrency}, U(0.1, 0.2) s each; "
+        f"physical limit {ideal_s:.2f} s; tracemalloc on"
+    )
+    rows = [measure(name, inputs, concurrency, ideal_s) for name in variants or VARIANTS]
+    click.echo("")
+    click.echo("| variant | wall s | over limit | tracemalloc peak MB |")
+    click.echo("| --- | ---: | ---: | ---: |")
+    for row in rows:
+        click.echo(
+            f"| {row.variant} | {row.wall_s:.2f} | {row.over_ideal_pct:+.1f} % "
+            f"| {row.peak_mb:.2f} |"
+        )
+    if json_path:
+        payload = {
+            "inputs": inputs,
+            "concurrency": concurrency,
+            "ideal_s": ideal_s,
+            "results": [asdict(row) for row in rows],
+        }
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2)
+
+
+if __name__ == "__main__":
+    main()

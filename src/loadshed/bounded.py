@@ -1,0 +1,450 @@
+"""``bounded_map``: run an async function over any iterable with bounded concurrency
+and bounded memory.
+
+The usual ways of fanning out bulk async work either create every task up front
+(``gather`` over a million coroutines, or a semaphore taken *inside* each task: the
+tasks exist, they just wait) or process fixed batches (every batch waits for its
+slowest member). ``bounded_map`` takes the next input only when a slot is free, so
+at most ``concurrency`` tasks exist at any time, whatever the length of the input,
+and a slot is refilled as soon as any task finishes.
+
+Example::
+
+    async with bounded_map(embed, read_documents(), concurrency=64) as results:
+        async for vector in results:
+            store(vector)
+
+``concurrency`` may also be a :class:`~loadshed.limits.base.LimitAlgorithm`; every
+completed call is then a sample (success with its duration, or dropped when it raised
+``TimeoutError``) and the limit is read again after each completion.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from typing import Any, Generic, Literal, TypeVar, overload
+
+from loadshed.clock import MONOTONIC, Clock
+from loadshed.errors import ConfigError
+from loadshed.limits.base import LimitAlgorithm, Sample
+
+__all__ = ["BoundedMap", "bounded_map"]
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+_Y = TypeVar("_Y")
+
+DEFAULT_DROPPED_ON: tuple[type[BaseException], ...] = (TimeoutError, asyncio.TimeoutError)
+"""Exceptions that count as an overload sign (a dropped sample) in adaptive mode."""
+
+
+class _Nothing:
+    """Sentinel type: no value staged or ready."""
+
+
+_NOTHING = _Nothing()
+
+
+class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
+    """The async iterator returned by :func:`bounded_map`; see there.
+
+    Use it as ``async with`` (or call :meth:`aclose`) when you may stop early: leaving
+    the block cancels every call still in flight and waits until they have ended.
+    Being cancelled while waiting for the next result does the same. An iterator
+    dropped without being closed cancels its calls when it is garbage-collected.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[Any], Awaitable[Any]],
+        iterable: Iterable[Any] | AsyncIterable[Any],
+        *,
+        concurrency: int | LimitAlgorithm,
+        ordered: bool,
+        return_exceptions: bool,
+        reorder_window: int | None,
+        dropped_on: tuple[type[BaseException], ...],
+        clock: Clock,
+    ) -> None:
+        if not callable(fn):
+            raise ConfigError("fn", f"must be an async callable, got {type(fn).__name__}")
+        if isinstance(concurrency, LimitAlgorithm):
+            self._algorithm: LimitAlgorithm | None = concurrency
+            self._limit = concurrency.limit
+        elif isinstance(concurrency, int) and not isinstance(concurrency, bool):
+            if concurrency < 1:
+                raise ConfigError("concurrency", f"must be >= 1, got {concurrency}")
+            self._algorithm = None
+            self._limit = concurrency
+        else:
+            raise ConfigError(
+                "concurrency",
+                f"must be an int >= 1 or a LimitAlgorithm, got {type(concurrency).__name__}",
+            )
+        if reorder_window is not None and (
+            not isinstance(reorder_window, int) or reorder_window < 1
+        ):
+            raise ConfigError("reorder_window", f"must be an int >= 1, got {reorder_window!r}")
+        self._sync_source: Iterator[Any] | None
+        self._async_source: AsyncIterator[Any] | None
+        if isinstance(iterable, AsyncIterable):
+            self._sync_source = None
+            self._async_source = iterable.__aiter__()
+        elif isinstance(iterable, Iterable):
+            self._sync_source = iter(iterable)
+            self._async_source = None
+        else:
+            raise ConfigError(
+                "iterable",
+                f"must be an iterable or an async iterable, got {type(iterable).__name__}",
+            )
+        self._fn = fn
+        self._ordered = ordered
+        self._return_exceptions = return_exceptions
+        self._reorder_window = reorder_window
+        self._dropped_on = dropped_on
+        self._clock = clock
+
+        # Calls in flight -> their input index. In adaptive mode also their start time
+        # and the in-flight count when they started (itself included), for the sample.
+        self._running: dict[asyncio.Future[Any], int] = {}
+        self._started: dict[asyncio.Future[Any], tuple[float, int]] = {}
+        self._ready: deque[tuple[bool, Any]] = deque()  # unordered: completion order
+        self._buffer: dict[int, tuple[bool, Any]] = {}  # ordered: index -> outcome
+        self._next_index = 0  # inputs taken from the source so far
+        self._yielded = 0  # results handed to the consumer so far
+        self._staged: Any = _NOTHING  # an input pulled while no slot was free
+        self._pull: asyncio.Future[Any] | None = None  # pending __anext__ of an async source
+        self._exhausted = False
+        self._error: BaseException | None = None
+        self._stopping = False
+        self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
+
+        # Tasks hold their done callback; a weak reference lets an abandoned iterator be
+        # collected (and cancel its tasks in __del__) instead of living as long as they do.
+        self_ref = weakref.ref(self)
+
+        def on_done(future: asyncio.Future[Any]) -> None:
+            owner = self_ref()
+            if owner is not None:
+                owner._on_done(future)
+
+        def wake(_: asyncio.Future[Any]) -> None:
+            owner = self_ref()
+            if owner is not None:
+                owner._wake()
+
+        self._done_callback = on_done
+        self._wake_callback = wake
+
+    # -- public -----------------------------------------------------------------
+
+    @property
+    def limit(self) -> int:
+        """The current concurrency limit (changes over time in adaptive mode)."""
+        return self._limit
+
+    @property
+    def in_flight(self) -> int:
+        """Calls currently running."""
+        return len(self._running)
+
+    @property
+    def held(self) -> int:
+        """Inputs taken but not yet yielded: running, or finished and waiting."""
+        return self._next_index - self._yielded
+
+    def __aiter__(self) -> BoundedMap[_Y]:
+        return self
+
+    async def __anext__(self) -> _Y:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            while True:
+                if self._error is not None:
+                    raise self._error
+                result = self._take()
+                self._fill()
+                if result is not _NOTHING:
+                    return result  # type: ignore[no-any-return]
+                if (
+                    self._exhausted
+                    and not self._running
+                    and self._pull is None
+                    and self._staged is _NOTHING
+                ):
+                    self._closed = True
+                    raise StopAsyncIteration
+                await self._wait()
+        except StopAsyncIteration:
+            raise
+        except BaseException:
+            # A call failed (raise mode), the source failed, or the consumer was
+            # cancelled: nothing may outlive the iteration.
+            await self._shutdown()
+            raise
+
+    async def aclose(self) -> None:
+        """Cancel every call still in flight and wait until all have ended."""
+        if not self._closed or self._running or self._pull is not None:
+            await self._shutdown()
+
+    async def __aenter__(self) -> BoundedMap[_Y]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        # Fallback for an iterator abandoned without aclose(): cancel, cannot await.
+        pending = list(getattr(self, "_running", ()))
+        pull = getattr(self, "_pull", None)
+        if pull is not None:
+            pending.append(pull)
+        for future in pending:
+            with contextlib.suppress(RuntimeError):  # the event loop is already closed
+                future.cancel()
+
+    # -- mechanism ----------------------------------------------------------------
+
+    def _window(self) -> int:
+        if self._reorder_window is not None:
+            return self._reorder_window
+        return 2 * self._limit
+
+    def _can_start(self) -> bool:
+        if self._ordered:
+            return len(self._running) < self._limit and self.held < self._window()
+        # Unordered: a finished result not yet taken by the consumer keeps its slot,
+        # so a slow consumer slows the producer instead of growing a result queue.
+        return self.held < self._limit
+
+    def _fill(self) -> None:
+        """Start calls while slots are free, pulling inputs one at a time."""
+        while self._error is None and not self._stopping:
+            if self._staged is _NOTHING:
+                if self._exhausted:
+                    return
+                if self._sync_source is not None:
+                    if not self._can_start():
+                        return
+                    try:
+                        item = next(self._sync_source)
+                    except StopIteration:
+                        self._exhausted = True
+                        return
+                    self._start(item)
+                    continue
+                if self._pull is None:
+                    if not self._can_start():
+                        return
+                    assert self._async_source is not None
+                    self._pull = asyncio.ensure_future(self._async_source.__anext__())
+                    self._pull.add_done_callback(self._wake_callback)
+                if not self._pull.done():
+                    return
+                pull, self._pull = self._pull, None
+                try:
+                    self._staged = pull.result()
+                except StopAsyncIteration:
+                    self._exhausted = True
+                    return
+            if not self._can_start():
+                return
+            item, self._staged = self._staged, _NOTHING
+            self._start(item)
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    def _start(self, item: Any) -> None:
+        index = self._next_index
+        self._next_index += 1
+        future: asyncio.Future[Any]
+        try:
+            awaitable = self._fn(item)
+            if asyncio.iscoroutine(awaitable):  # the common case, without ensure_future's checks
+                future = self._loop.create_task(awaitable)
+            else:
+                future = asyncio.ensure_future(awaitable)
+        except Exception as error:  # fn raised, or returned something not awaitable
+            future = self._loop.create_future()
+            future.set_exception(error)
+        self._running[future] = index
+        if self._algorithm is not None:
+            self._started[future] = (self._clock.now(), len(self._running))
+        future.add_done_callback(self._done_callback)
+
+    def _on_done(self, future: asyncio.Future[Any]) -> None:
+        index = self._running.pop(future, None)
+        started = self._started.pop(future, None)
+        if index is None or self._stopping:
+            self._wake()
+            return
+        ok = False
+        value: Any
+        if future.cancelled():
+            value = asyncio.CancelledError()
+        else:
+            error = future.exception()
+            if error is None:
+                ok = True
+                value = future.result()
+            else:
+                value = error
+        sampled = ok or isinstance(value, self._dropped_on)
+        if self._algorithm is not None and started is not None and sampled:
+            now = self._clock.now()
+            sample = Sample(rtt=now - started[0], inflight=started[1], dropped=not ok, now=now)
+            self._limit = self._algorithm.update(sample)
+        if not ok and not self._return_exceptions:
+            if self._error is None:
+                self._error = value
+                # Fail fast: cancel the rest now, not when the consumer next asks.
+                for other in self._running:
+                    other.cancel()
+                self._stopping = True
+        elif self._ordered:
+            self._buffer[index] = (ok, value)
+        else:
+            self._ready.append((ok, value))
+        self._wake()
+
+    def _take(self) -> Any:
+        if self._ordered:
+            outcome = self._buffer.pop(self._yielded, None)
+        else:
+            outcome = self._ready.popleft() if self._ready else None
+        if outcome is None:
+            return _NOTHING
+        self._yielded += 1
+        return outcome[1]
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    async def _shutdown(self) -> None:
+        self._closed = True
+        self._stopping = True
+        pending = list(self._running)
+        if self._pull is not None:
+            pending.append(self._pull)
+            self._pull = None
+        for future in pending:
+            future.cancel()
+        self._ready.clear()
+        self._buffer.clear()
+        self._staged = _NOTHING
+        if pending:
+            await asyncio.wait(pending)
+        self._running.clear()
+        self._started.clear()
+
+
+@overload
+def bounded_map(
+    fn: Callable[[_T], Awaitable[_R]],
+    iterable: Iterable[_T] | AsyncIterable[_T],
+    concurrency: int | LimitAlgorithm = ...,
+    ordered: bool = ...,
+    *,
+    return_exceptions: Literal[False] = ...,
+    reorder_window: int | None = ...,
+    dropped_on: tuple[type[BaseException], ...] = ...,
+    clock: Clock = ...,
+) -> BoundedMap[_R]: ...
+
+
+@overload
+def bounded_map(
+    fn: Callable[[_T], Awaitable[_R]],
+    iterable: Iterable[_T] | AsyncIterable[_T],
+    concurrency: int | LimitAlgorithm = ...,
+    ordered: bool = ...,
+    *,
+    return_exceptions: Literal[True],
+    reorder_window: int | None = ...,
+    dropped_on: tuple[type[BaseException], ...] = ...,
+    clock: Clock = ...,
+) -> BoundedMap[_R | BaseException]: ...
+
+
+@overload
+def bounded_map(
+    fn: Callable[[_T], Awaitable[_R]],
+    iterable: Iterable[_T] | AsyncIterable[_T],
+    concurrency: int | LimitAlgorithm = ...,
+    ordered: bool = ...,
+    *,
+    return_exceptions: bool,
+    reorder_window: int | None = ...,
+    dropped_on: tuple[type[BaseException], ...] = ...,
+    clock: Clock = ...,
+) -> BoundedMap[_R] | BoundedMap[_R | BaseException]: ...
+
+
+def bounded_map(
+    fn: Callable[[_T], Awaitable[_R]],
+    iterable: Iterable[_T] | AsyncIterable[_T],
+    concurrency: int | LimitAlgorithm = 500,
+    ordered: bool = False,
+    *,
+    return_exceptions: bool = False,
+    reorder_window: int | None = None,
+    dropped_on: tuple[type[BaseException], ...] = DEFAULT_DROPPED_ON,
+    clock: Clock = MONOTONIC,
+) -> BoundedMap[_R] | BoundedMap[_R | BaseException]:
+    """Run ``fn`` over ``iterable`` with at most ``concurrency`` calls in flight.
+
+    ``async for result in bounded_map(fn, inputs, concurrency=500): ...``
+
+    - ``iterable``: any iterable or async iterable, of any length. An input is taken
+      only when a slot is free (before its task is created), so memory is
+      O(concurrency), not O(inputs).
+    - ``concurrency``: an int, or a :class:`LimitAlgorithm` for an adaptive limit: each
+      completed call is a sample (success with its duration; dropped if it raised one
+      of ``dropped_on``, by default ``TimeoutError``; other errors are ignored) and the
+      limit is read again after each completion.
+    - ``ordered=False``: results in completion order. A finished result waits for the
+      consumer in its slot, so at most ``concurrency`` inputs are held (running or
+      finished) at once: a slow consumer slows the producer.
+    - ``ordered=True``: results in input order. At most ``reorder_window`` inputs
+      (default: twice the current limit) are held between the oldest not yet yielded
+      and the newest started; when the window is full because an early call is slow,
+      no new input is taken until it finishes, so the reorder buffer never holds more
+      than ``reorder_window - 1`` results.
+    - ``return_exceptions=False``: the first exception raised by a call is raised from
+      the iteration at once, after every other call still in flight has been
+      cancelled and has ended; results not yet taken are discarded.
+      ``return_exceptions=True``: an exception is yielded as that input's result.
+      Errors of the source itself are always raised.
+
+    Leaving an ``async with`` block, calling ``aclose()``, or cancelling the consumer
+    cancels every call still in flight and waits for them, so none is left behind.
+    """
+    return BoundedMap(
+        fn,
+        iterable,
+        concurrency=concurrency,
+        ordered=ordered,
+        return_exceptions=return_exceptions,
+        reorder_window=reorder_window,
+        dropped_on=dropped_on,
+        clock=clock,
+    )

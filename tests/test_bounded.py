@@ -1,0 +1,380 @@
+"""bounded_map: bounded tasks and memory, ordering, errors, cancellation, adaptivity."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import random
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from loadshed.bounded import bounded_map
+from loadshed.clock import VirtualClock
+from loadshed.errors import ConfigError
+from loadshed.limits.base import LimitAlgorithm, Sample
+
+
+class Gauge:
+    """Counts calls running now, the most ever running, and inputs taken."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self.pulled = 0
+        self.started: list[asyncio.Task[object]] = []
+        self.cancelled = 0
+
+    def source(self, count: int) -> Iterator[int]:
+        for index in range(count):
+            self.pulled += 1
+            yield index
+
+    async def call(self, index: int, seconds: float) -> int:
+        task = asyncio.current_task()
+        assert task is not None
+        self.started.append(task)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+        return index
+
+
+async def zero_work(index: int) -> int:
+    return index
+
+
+async def test_memory_stays_bounded_over_a_million_item_generator() -> None:
+    items = 1_000_000
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        count = 0
+        total = 0
+        async for result in bounded_map(zero_work, (i for i in range(items)), concurrency=100):
+            count += 1
+            total += result
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count == items
+    assert total == items * (items - 1) // 2
+    # Creating every task up front would need ~1.5 GB; a result list ~40 MB.
+    assert peak < 1_000_000, f"tracemalloc peak {peak} bytes"
+
+
+async def test_at_most_concurrency_calls_and_inputs_taken_only_when_a_slot_frees() -> None:
+    gauge = Gauge()
+    rng = random.Random(3)
+    concurrency = 7
+    yielded = 0
+    max_held = 0
+
+    async def call(index: int) -> int:
+        return await gauge.call(index, rng.uniform(0.0005, 0.003))
+
+    async for _ in bounded_map(call, gauge.source(300), concurrency):
+        yielded += 1
+        max_held = max(max_held, gauge.pulled - yielded)
+    assert yielded == 300
+    assert gauge.peak == concurrency
+    # Taken but not yet yielded never exceeds the limit: the next input is pulled
+    # only after a result has been handed over and its slot freed.
+    assert max_held == concurrency
+
+
+async def test_slow_consumer_pauses_the_producer() -> None:
+    gauge = Gauge()
+    results = bounded_map(lambda index: gauge.call(index, 0), gauge.source(1000), 10)
+    first = await results.__anext__()
+    await asyncio.sleep(0.05)  # every call could have finished several times over
+    assert first in range(10)
+    assert gauge.pulled <= 11
+    assert results.held <= 10
+    await results.aclose()
+
+
+async def test_ordered_mode_yields_input_order() -> None:
+    rng = random.Random(7)
+    durations = [rng.uniform(0, 0.004) for _ in range(200)]
+
+    async def call(index: int) -> int:
+        await asyncio.sleep(durations[index])
+        return index
+
+    out = [result async for result in bounded_map(call, range(200), 16, ordered=True)]
+    assert out == list(range(200))
+
+
+async def test_ordered_mode_reorder_window_bounds_what_is_held() -> None:
+    gauge = Gauge()
+    max_held = 0
+
+    async def call(index: int) -> int:
+        # input 0 blocks the head of the line while the others finish at once
+        return await gauge.call(index, 0.05 if index == 0 else 0)
+
+    results = bounded_map(call, gauge.source(100), 4, ordered=True, reorder_window=10)
+    out = []
+    async for result in results:
+        out.append(result)
+        max_held = max(max_held, results.held)
+    assert out == list(range(100))
+    assert max_held <= 10
+    assert gauge.peak <= 4
+
+    # while input 0 runs, the producer stops at the window instead of buffering more
+    gauge = Gauge()
+    results = bounded_map(call, gauge.source(100), 4, ordered=True, reorder_window=10)
+    first = asyncio.ensure_future(results.__anext__())
+    await asyncio.sleep(0.02)
+    assert not first.done()
+    assert gauge.pulled == 10
+    assert await first == 0
+    await results.aclose()
+
+
+async def test_ordered_default_window_is_twice_the_limit() -> None:
+    gauge = Gauge()
+
+    async def call(index: int) -> int:
+        return await gauge.call(index, 0.05 if index == 0 else 0)
+
+    results = bounded_map(call, gauge.source(1000), 5, ordered=True)
+    first = asyncio.ensure_future(results.__anext__())
+    await asyncio.sleep(0.02)
+    assert gauge.pulled == 10
+    assert await first == 0
+    await results.aclose()
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+async def test_an_exception_cancels_calls_in_flight_and_is_raised_at_once(ordered: bool) -> None:
+    gauge = Gauge()
+
+    async def call(index: int) -> int:
+        if index == 5:
+            await asyncio.sleep(0.01)
+            raise ValueError("input 5 is bad")
+        return await gauge.call(index, 30)
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(ValueError, match="input 5 is bad"):
+        async for _ in bounded_map(call, gauge.source(10_000), 20, ordered=ordered):
+            pass
+    assert loop.time() - started < 5
+    assert len(gauge.started) == 19
+    assert all(task.done() for task in gauge.started)
+    assert gauge.cancelled == 19
+    assert gauge.pulled == 20  # nothing taken after the failure
+
+
+async def test_return_exceptions_yields_errors_in_place() -> None:
+    async def call(index: int) -> int:
+        await asyncio.sleep(0.001 * (index % 3))
+        if index % 4 == 0:
+            raise KeyError(index)
+        return index
+
+    out = [r async for r in bounded_map(call, range(20), 5, True, return_exceptions=True)]
+    assert len(out) == 20
+    for index, result in enumerate(out):
+        if index % 4 == 0:
+            assert isinstance(result, KeyError)
+            assert result.args == (index,)
+        else:
+            assert result == index
+
+
+async def test_fn_that_fails_before_awaiting_is_an_error_of_that_input() -> None:
+    def not_async(index: int) -> int:
+        if index == 1:
+            raise RuntimeError("sync failure")
+        return index  # not awaitable
+
+    results = bounded_map(not_async, range(3), 2, True, return_exceptions=True)  # type: ignore[arg-type]
+    out = [r async for r in results]
+    assert isinstance(out[0], TypeError)
+    assert isinstance(out[1], RuntimeError)
+    assert isinstance(out[2], TypeError)
+
+
+async def test_early_break_in_async_with_cancels_everything_in_flight() -> None:
+    gauge = Gauge()
+
+    async def call(index: int) -> int:
+        return await gauge.call(index, 0 if index < 3 else 30)
+
+    async with bounded_map(call, gauge.source(1000), 10) as results:
+        async for result in results:
+            if result == 2:
+                break
+    assert all(task.done() for task in gauge.started)
+    assert gauge.cancelled == len(gauge.started) - 3
+    assert gauge.pulled <= 13
+    assert [r async for r in results] == []  # closed
+
+
+async def test_cancelling_the_consumer_cancels_everything_in_flight() -> None:
+    gauge = Gauge()
+
+    async def consume() -> None:
+        async for _ in bounded_map(lambda i: gauge.call(i, 30), gauge.source(100), 8):
+            pass
+
+    consumer = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.02)
+    assert gauge.active == 8
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    assert len(gauge.started) == 8
+    assert all(task.done() for task in gauge.started)
+    assert gauge.cancelled == 8
+
+
+async def test_an_abandoned_iterator_cancels_its_calls_when_collected() -> None:
+    gauge = Gauge()
+    async for result in bounded_map(lambda i: gauge.call(i, 0 if i == 0 else 30), range(50), 5):
+        assert result == 0
+        break
+    gc.collect()
+    await asyncio.sleep(0.01)
+    assert len(gauge.started) == 5
+    assert all(task.done() for task in gauge.started)
+    assert gauge.cancelled == 4
+
+
+async def test_async_iterable_source() -> None:
+    taken = 0
+
+    async def source() -> AsyncIterator[int]:
+        nonlocal taken
+        for index in range(50):
+            await asyncio.sleep(0.0005)
+            taken += 1
+            yield index
+
+    gauge = Gauge()
+    results = bounded_map(lambda i: gauge.call(i, 0.002), source(), 4)
+    out = sorted([r async for r in results])
+    assert out == list(range(50))
+    assert gauge.peak <= 4
+    assert taken == 50
+
+
+async def test_a_slow_async_source_does_not_hold_back_finished_results() -> None:
+    release = asyncio.Event()
+
+    async def source() -> AsyncIterator[int]:
+        yield 0
+        await release.wait()  # e.g. a queue with nothing new for a while
+        yield 1
+
+    results = bounded_map(zero_work, source(), 4)
+    assert await asyncio.wait_for(results.__anext__(), 1) == 0
+    release.set()
+    assert await asyncio.wait_for(results.__anext__(), 1) == 1
+    with pytest.raises(StopAsyncIteration):
+        await results.__anext__()
+
+
+async def test_a_failing_source_raises_and_cancels_calls_in_flight() -> None:
+    gauge = Gauge()
+
+    async def source() -> AsyncIterator[int]:
+        yield 0
+        yield 1
+        await asyncio.sleep(0.01)
+        raise OSError("source broke")
+
+    with pytest.raises(OSError, match="source broke"):
+        async for _ in bounded_map(lambda i: gauge.call(i, 30), source(), 4):
+            pass
+    assert len(gauge.started) == 2
+    assert all(task.done() for task in gauge.started)
+
+
+async def test_empty_input() -> None:
+    assert [r async for r in bounded_map(zero_work, [], 3)] == []
+    assert [r async for r in bounded_map(zero_work, [], 3, ordered=True)] == []
+
+
+class StepLimit(LimitAlgorithm):
+    """Test algorithm: records samples; limit 1 until `raise_after` samples, then 3."""
+
+    name = "step"
+    min_limit = 1
+    max_limit = 3
+
+    def __init__(self, raise_after: int) -> None:
+        self.samples: list[Sample] = []
+        self.raise_after = raise_after
+        self._limit = 1
+
+    @property
+    def limit(self) -> int:
+        return self._limit
+
+    def update(self, sample: Sample) -> int:
+        self.samples.append(sample)
+        if len(self.samples) >= self.raise_after:
+            self._limit = 3
+        return self._limit
+
+
+async def test_adaptive_concurrency_samples_each_call_and_follows_the_limit() -> None:
+    clock = VirtualClock()
+    algorithm = StepLimit(raise_after=3)
+    peaks: list[int] = []
+    gauge = Gauge()
+
+    async def call(index: int) -> int:
+        clock.advance(0.25)  # every call "takes" 0.25 s of virtual time
+        if index == 1:
+            raise TimeoutError("upstream too slow")
+        if index == 2:
+            raise ValueError("bad input: says nothing about capacity")
+        result = await gauge.call(index, 0.002)
+        peaks.append(gauge.peak)
+        return result
+
+    results = bounded_map(call, range(12), algorithm, return_exceptions=True, clock=clock)
+    out = [r async for r in results]
+    assert len(out) == 12
+    # one sample per completed call, except the ValueError (ignored)
+    assert len(algorithm.samples) == 11
+    assert [s.dropped for s in algorithm.samples[:2]] == [False, True]
+    assert algorithm.samples[0].rtt == pytest.approx(0.25)
+    assert algorithm.samples[0].inflight == 1
+    # the limit was 1 for the first calls and read again after each completion
+    assert peaks[0] == 1
+    assert gauge.peak == 3
+    assert results.limit == 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"concurrency": 0}, "concurrency"),
+        ({"concurrency": "many"}, "concurrency"),
+        ({"concurrency": True}, "concurrency"),
+        ({"reorder_window": 0}, "reorder_window"),
+    ],
+)
+def test_invalid_configuration_names_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^{field}: "):
+        bounded_map(zero_work, range(3), **kwargs)  # type: ignore[call-overload]
+
+
+def test_non_iterable_input_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^iterable: "):
+        bounded_map(zero_work, 42)  # type: ignore[call-overload]
