@@ -1,0 +1,350 @@
+"""``LoadShedMiddleware``: admission control for any ASGI app, as pure ASGI.
+
+    app.add_middleware(LoadShedMiddleware)            # FastAPI / Starlette
+    app = LoadShedMiddleware(app, limit="little")     # any ASGI app
+
+Each HTTP request is admitted, queued or refused by a :class:`Limiter`:
+- refused at once with 503 (or 429), a small JSON body and ``Retry-After``, without
+  reading the request body;
+- while queued, the request body is read (bounded) and the connection watched: a
+  client that disconnects leaves the queue at once (``client_gone``) and teaches
+  the limiter its patience; once admitted the app gets the buffered body replayed;
+- after the app answers, the outcome goes back to the limit: 5xx and answers past
+  the request's deadline are drops, 4xx are ignored, the rest are successes;
+- ``Server-Timing: queue;dur=..., app;dur=...`` tells the client where time went.
+
+The deadline comes from ``X-Request-Timeout`` (seconds) or ``grpc-timeout``, or
+the route's default; the priority from ``X-Priority``. Malformed values are
+ignored and counted (``malformed_headers``), never answered with a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from typing import Any
+
+from loadshed.admission import Token
+from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
+from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
+from loadshed.limiter import Limiter, Waiting
+from loadshed.limits.base import LimitAlgorithm
+
+__all__ = ["LoadShedMiddleware", "RouteSelector"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+RouteSelector = Callable[[Scope], "Limiter | None"]
+"""Chooses the limiter for a request, or None to let it through unprotected."""
+
+_REJECT_STATUSES = (429, 503)
+
+
+class LoadShedMiddleware:
+    """Pure ASGI admission-control middleware; see the module docstring.
+
+    Parameters:
+        app: the ASGI app to protect.
+        limit: algorithm or spec for the default limiter (``little`` by default);
+            ignored when ``limiter`` is given.
+        limiter: a ready :class:`Limiter` to use for every protected route.
+        routes: path prefix -> limiter (or a limit spec) for routes with their own
+            limiter; the longest matching prefix wins.
+        exclude: path prefixes that are never limited (health checks, metrics), or
+            a callable ``scope -> bool``.
+        select: a callable ``scope -> Limiter | None`` that overrides ``routes``.
+        reject_status: 503 (default) or 429.
+        max_body_bytes: larger bodies get 413 without being buffered.
+        default_timeout: deadline in seconds for requests that send none.
+        deadline_header / grpc_timeout_header / priority_header: header names.
+        server_timing: add the ``Server-Timing`` response header.
+        limiter_options: keyword arguments for limiters the middleware builds.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: LimitAlgorithm | str | int = "little",
+        *,
+        limiter: Limiter | None = None,
+        routes: Mapping[str, Limiter | LimitAlgorithm | str | int] | None = None,
+        exclude: Iterable[str] | Callable[[Scope], bool] = ("/health", "/metrics"),
+        select: RouteSelector | None = None,
+        reject_status: int = 503,
+        max_body_bytes: int = 1 << 20,
+        default_timeout: float | None = None,
+        deadline_header: str = "x-request-timeout",
+        grpc_timeout_header: str = "grpc-timeout",
+        priority_header: str = "x-priority",
+        server_timing: bool = True,
+        limiter_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if reject_status not in _REJECT_STATUSES:
+            raise ConfigError("reject_status", f"got {reject_status}, allowed: 429|503")
+        if max_body_bytes < 0:
+            raise ConfigError("max_body_bytes", f"must be >= 0, got {max_body_bytes}")
+        if default_timeout is not None and default_timeout <= 0:
+            raise ConfigError("default_timeout", f"must be > 0 seconds, got {default_timeout}")
+        options = dict(limiter_options or {})
+        self.app = app
+        self.limiter = limiter if limiter is not None else Limiter(limit, **options)
+        self.routes: list[tuple[str, Limiter]] = sorted(
+            (
+                (
+                    prefix,
+                    value if isinstance(value, Limiter) else Limiter(value, name=prefix, **options),
+                )
+                for prefix, value in (routes or {}).items()
+            ),
+            key=lambda item: len(item[0]),
+            reverse=True,
+        )
+        if callable(exclude):
+            self._excluded: Callable[[Scope], bool] = exclude
+        else:
+            prefixes = tuple(exclude)
+            self._excluded = lambda scope: str(scope.get("path", "")).startswith(prefixes)
+        self._select = select
+        self.reject_status = reject_status
+        self.max_body_bytes = max_body_bytes
+        self.default_timeout = default_timeout
+        self._deadline_header = deadline_header.lower().encode("latin-1")
+        self._grpc_header = grpc_timeout_header.lower().encode("latin-1")
+        self._priority_header = priority_header.lower().encode("latin-1")
+        self.server_timing = server_timing
+        self.malformed_headers: dict[str, int] = {}
+        """Counts of malformed header values seen, by header name."""
+        self._reject_bodies = {
+            reason: json.dumps({"error": "overloaded", "reason": reason.value}).encode()
+            for reason in RejectReason
+        }
+
+    @property
+    def limiters(self) -> list[Limiter]:
+        """Every limiter this middleware uses (default first)."""
+        return [self.limiter, *(limiter for _, limiter in self.routes)]
+
+    def limiter_for(self, scope: Scope) -> Limiter | None:
+        """The limiter that guards this request, or None when it is not limited."""
+        if self._excluded(scope):
+            return None
+        if self._select is not None:
+            return self._select(scope)
+        path = str(scope.get("path", ""))
+        for prefix, limiter in self.routes:
+            if path.startswith(prefix):
+                return limiter
+        return self.limiter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limiter = self.limiter_for(scope)
+        if limiter is None:
+            await self.app(scope, receive, send)
+            return
+
+        clock = limiter.clock
+        arrived = clock.now()
+        timeout, priority, content_length = self._read_headers(scope)
+        if content_length is not None and content_length > self.max_body_bytes:
+            await self._send_too_large(send)
+            return
+        deadline = arrived + timeout if timeout is not None else None
+        try:
+            entry = limiter.enter(priority=priority, deadline=deadline)
+        except Rejected as rejected:
+            await self._send_rejection(send, rejected)
+            return
+
+        if isinstance(entry, Token):
+            await self._run_app(scope, receive, send, entry, deadline)
+            return
+        queued = await self._wait_in_queue(entry, receive, send)
+        if queued is None:
+            return
+        token, app_receive, reader = queued
+        try:
+            await self._run_app(scope, app_receive, send, token, deadline)
+        finally:
+            reader.cancel()
+
+    # ----------------------------------------------------------------- parts
+
+    def _read_headers(self, scope: Scope) -> tuple[float | None, Priority, int | None]:
+        timeout = self.default_timeout
+        priority = Priority.DEFAULT
+        content_length: int | None = None
+        for raw_name, raw_value in scope.get("headers", ()):
+            name = bytes(raw_name).lower()
+            try:
+                if name == self._deadline_header:
+                    timeout = parse_timeout_seconds(raw_value.decode("latin-1"), name.decode())
+                elif name == self._grpc_header:
+                    timeout = parse_grpc_timeout(raw_value.decode("latin-1"), name.decode())
+                elif name == self._priority_header:
+                    priority = parse_priority(raw_value.decode("latin-1"), name.decode())
+                elif name == b"content-length":
+                    content_length = int(raw_value)
+            except HeaderError as error:
+                self.malformed_headers[error.header] = (
+                    self.malformed_headers.get(error.header, 0) + 1
+                )
+            except ValueError:
+                pass  # a bad Content-Length is the server's business, not ours
+        return timeout, priority, content_length
+
+    async def _wait_in_queue(
+        self, waiting: Waiting, receive: Receive, send: Send
+    ) -> tuple[Token, Receive, asyncio.Task[None]] | None:
+        """Wait for a token while buffering the body and watching for a disconnect.
+
+        Returns the token, the receive callable to give the app and the reader task
+        (to cancel when the request ends), or None when the request ended here
+        (client gone, rejected, body too large).
+        """
+        body = _BodyReader(receive, self.max_body_bytes)
+        reader = asyncio.ensure_future(body.read())
+        either: list[asyncio.Future[Any]] = [waiting.future, reader]
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            waiting.cancel()
+            reader.cancel()
+            raise
+        if not waiting.future.done():
+            # The reader stopped first: the client left or sent too much.
+            if body.too_large:
+                waiting.cancel(RejectReason.LIMIT)
+                await self._send_too_large(send)
+            else:
+                waiting.cancel(RejectReason.CLIENT_GONE)
+            return None
+        try:
+            token = waiting.future.result()
+        except Rejected as rejected:
+            reader.cancel()
+            await self._send_rejection(send, rejected)
+            return None
+        return token, body.replay, reader
+
+    async def _run_app(
+        self, scope: Scope, receive: Receive, send: Send, token: Token, deadline: float | None
+    ) -> None:
+        clock = token._admission.clock
+        status = 0
+        queue_ms = token.queue_wait * 1000.0
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                if self.server_timing:
+                    app_ms = (clock.now() - token.admitted_at) * 1000.0
+                    timing = f"queue;dur={queue_ms:.1f}, app;dur={app_ms:.1f}".encode()
+                    message = dict(message)
+                    message["headers"] = [*message.get("headers", ()), (b"server-timing", timing)]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except asyncio.CancelledError:
+            token.release(Outcome.IGNORED)
+            raise
+        except BaseException:
+            token.release(Outcome.DROPPED)  # the server answers 500
+            raise
+        if status >= 500 or (deadline is not None and clock.now() > deadline):
+            token.release(Outcome.DROPPED)
+        elif 400 <= status < 500 or status == 0:
+            token.release(Outcome.IGNORED)
+        else:
+            token.release(Outcome.SUCCESS)
+
+    async def _send_rejection(self, send: Send, rejected: Rejected) -> None:
+        body = self._reject_bodies[rejected.reason]
+        retry_after = str(max(1, math.ceil(rejected.retry_after))).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": self.reject_status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"retry-after", retry_after),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _send_too_large(self, send: Send) -> None:
+        body = json.dumps(
+            {"error": "payload_too_large", "reason": f"body over {self.max_body_bytes} bytes"}
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+class _BodyReader:
+    """Reads a queued request's messages (body bounded) until the client leaves.
+
+    While the request waits, this is what notices a disconnect. After admission it
+    keeps reading on the app's behalf and :meth:`replay` hands the app every
+    message in order, the buffered body first.
+    """
+
+    def __init__(self, receive: Receive, max_bytes: int) -> None:
+        self._receive = receive
+        self._max_bytes = max_bytes
+        self._arrived = asyncio.Event()
+        self.messages: list[Message] = []
+        self.size = 0
+        self.too_large = False
+        self.stopped = False
+        self._index = 0
+
+    async def read(self) -> None:
+        """Read until ``http.disconnect`` or a body over the bound."""
+        try:
+            while True:
+                message = await self._receive()
+                self.messages.append(message)
+                if message["type"] == "http.disconnect":
+                    return
+                self.size += len(message.get("body", b""))
+                if self.size > self._max_bytes:
+                    self.too_large = True
+                    return
+                self._arrived.set()
+        finally:
+            self.stopped = True
+            self._arrived.set()
+
+    async def replay(self) -> Message:
+        """The app's receive: buffered messages in order, waiting for the next if needed."""
+        while self._index >= len(self.messages):
+            if self.stopped:
+                if self.messages and self.messages[-1]["type"] == "http.disconnect":
+                    return self.messages[-1]
+                return await self._receive()  # admitted with a body over the bound
+            self._arrived.clear()
+            await self._arrived.wait()
+        message = self.messages[self._index]
+        self._index += 1
+        return message

@@ -1,0 +1,248 @@
+"""LoadShedMiddleware under a real uvicorn server and real HTTP (aiohttp)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from loadshed.asgi import LoadShedMiddleware
+from loadshed.errors import ConfigError
+from loadshed.limiter import Limiter
+from loadshed.limits.fixed import Fixed
+from loadshed.testing import serve
+
+
+class Gate:
+    """Lets the test hold requests inside the app and release them."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Semaphore(0)
+        self.release = threading.Event()
+        self.calls: list[str] = []
+
+
+def build_app(gate: Gate) -> Starlette:
+    async def slow(request: Request) -> Response:
+        gate.calls.append(request.query_params.get("id", ""))
+        gate.entered.release()
+        while not gate.release.is_set():
+            await asyncio.sleep(0.005)
+        return PlainTextResponse("done")
+
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        return JSONResponse({"length": len(body), "head": body[:8].decode()})
+
+    async def fail(request: Request) -> Response:
+        return PlainTextResponse("boom", status_code=int(request.query_params["status"]))
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    return Starlette(
+        routes=[
+            Route("/slow", slow),
+            Route("/echo", echo, methods=["POST"]),
+            Route("/fail", fail),
+            Route("/health", health),
+        ]
+    )
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    gate = Gate()
+    yield gate
+    gate.release.set()
+
+
+def run_server(gate: Gate, limiter: Limiter, **options: Any) -> Any:
+    app = LoadShedMiddleware(build_app(gate), limiter=limiter, **options)
+    return app, serve(app)
+
+
+async def wait_entered(gate: Gate, count: int = 1) -> None:
+    for _ in range(count):
+        assert await asyncio.to_thread(gate.entered.acquire, True, 10)
+
+
+async def test_admitted_request_passes_with_server_timing(gate: Gate) -> None:
+    gate.release.set()
+    limiter = Limiter(Fixed(2))
+    _app, server = run_server(gate, limiter)
+    with server as url:
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/slow") as resp:
+            assert resp.status == 200
+            assert await resp.text() == "done"
+            assert "queue;dur=" in resp.headers["Server-Timing"]
+    assert limiter.snapshot().counts["success"] == 1
+
+
+async def test_full_queue_rejects_fast_with_503_json_and_retry_after(gate: Gate) -> None:
+    limiter = Limiter(Fixed(1), max_queue=1, max_queue_wait=30)
+    _app, server = run_server(gate, limiter)
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            first = asyncio.ensure_future(session.get(f"{url}/slow?id=1"))
+            await wait_entered(gate)
+            second = asyncio.ensure_future(session.get(f"{url}/slow?id=2"))
+            while limiter.queue_length < 1:
+                await asyncio.sleep(0.005)
+            async with session.get(f"{url}/slow?id=3") as third:
+                assert third.status == 503
+                assert json.loads(await third.text()) == {"error": "overloaded", "reason": "limit"}
+                assert int(third.headers["Retry-After"]) >= 1
+            gate.release.set()
+            for task in (first, second):
+                resp = await task
+                assert resp.status == 200
+                resp.release()
+    assert gate.calls == ["1", "2"]  # the rejected request never reached the app
+
+
+async def test_429_is_configurable(gate: Gate) -> None:
+    limiter = Limiter(Fixed(1), max_queue=0)
+    _app, server = run_server(gate, limiter, reject_status=429)
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            first = asyncio.ensure_future(session.get(f"{url}/slow"))
+            await wait_entered(gate)
+            async with session.get(f"{url}/slow") as resp:
+                assert resp.status == 429
+            gate.release.set()
+            (await first).release()
+
+
+async def test_queued_body_is_buffered_and_replayed_intact(gate: Gate) -> None:
+    limiter = Limiter(Fixed(1), max_queue_wait=30)
+    _app, server = run_server(gate, limiter)
+    payload = b"abcdefgh" * 10_000
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            holder = asyncio.ensure_future(session.get(f"{url}/slow"))
+            await wait_entered(gate)
+            posted = asyncio.ensure_future(session.post(f"{url}/echo", data=payload))
+            while limiter.queue_length < 1:
+                await asyncio.sleep(0.005)
+            gate.release.set()
+            resp = await posted
+            assert resp.status == 200
+            assert await resp.json() == {"length": len(payload), "head": "abcdefgh"}
+            (await holder).release()
+
+
+async def test_disconnect_while_queued_leaves_the_queue_at_once(gate: Gate) -> None:
+    limiter = Limiter(Fixed(1), max_queue_wait=30)
+    _app, server = run_server(gate, limiter)
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            holder = asyncio.ensure_future(session.get(f"{url}/slow?id=holder"))
+            await wait_entered(gate)
+            async with aiohttp.ClientSession() as impatient:
+                queued = asyncio.ensure_future(impatient.get(f"{url}/slow?id=gone"))
+                while limiter.queue_length < 1:
+                    await asyncio.sleep(0.005)
+                queued.cancel()
+            for _ in range(400):
+                if limiter.queue_length == 0:
+                    break
+                await asyncio.sleep(0.005)
+            assert limiter.queue_length == 0
+            assert limiter.snapshot().counts["rejected:client_gone"] == 1
+            assert limiter.admission.patience.samples == 1
+            gate.release.set()
+            (await holder).release()
+    assert gate.calls == ["holder"]
+
+
+async def test_content_length_over_bound_gets_413_without_admission(gate: Gate) -> None:
+    limiter = Limiter(Fixed(1))
+    _app, server = run_server(gate, limiter, max_body_bytes=100)
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/echo", data=b"x" * 101) as resp:
+                assert resp.status == 413
+                assert (await resp.json())["error"] == "payload_too_large"
+    assert limiter.snapshot().counts["admitted"] == 0
+
+
+async def test_outcomes_5xx_dropped_4xx_ignored(gate: Gate) -> None:
+    limiter = Limiter(Fixed(4))
+    _app, server = run_server(gate, limiter)
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            for status in (500, 404, 200):
+                async with session.get(f"{url}/fail?status={status}") as resp:
+                    assert resp.status == status
+    counts = limiter.snapshot().counts
+    assert (counts["dropped"], counts["ignored"], counts["success"]) == (1, 1, 1)
+
+
+async def test_malformed_headers_are_counted_and_ignored(gate: Gate) -> None:
+    gate.release.set()
+    limiter = Limiter(Fixed(4))
+    app, server = run_server(gate, limiter)
+    headers = {"X-Request-Timeout": "soon", "X-Priority": "urgent", "grpc-timeout": "5x"}
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/slow", headers=headers) as resp:
+                assert resp.status == 200
+    assert app.malformed_headers == {"x-request-timeout": 1, "x-priority": 1, "grpc-timeout": 1}
+
+
+async def test_deadline_header_sheds_what_cannot_finish(gate: Gate) -> None:
+    limiter = Limiter(Fixed(1), initial_service_time=5.0, max_queue_wait=30)
+    _app, server = run_server(gate, limiter)
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            holder = asyncio.ensure_future(session.get(f"{url}/slow"))
+            await wait_entered(gate)
+            headers = {"X-Request-Timeout": "1.0"}
+            async with session.get(f"{url}/slow", headers=headers) as resp:
+                assert resp.status == 503
+                assert (await resp.json())["reason"] == "deadline"
+            gate.release.set()
+            (await holder).release()
+
+
+async def test_excluded_paths_bypass_a_full_limiter(gate: Gate) -> None:
+    limiter = Limiter(Fixed(1), max_queue=0)
+    _app, server = run_server(gate, limiter)
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            holder = asyncio.ensure_future(session.get(f"{url}/slow"))
+            await wait_entered(gate)
+            async with session.get(f"{url}/health") as resp:
+                assert resp.status == 200
+            gate.release.set()
+            (await holder).release()
+
+
+async def test_routes_get_their_own_limiter(gate: Gate) -> None:
+    gate.release.set()
+    default = Limiter(Fixed(1))
+    app = LoadShedMiddleware(build_app(gate), limiter=default, routes={"/echo": "fixed:3"})
+    with serve(app) as url:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/echo", data=b"hi") as resp:
+                assert resp.status == 200
+    echo_limiter = app.routes[0][1]
+    assert echo_limiter.limit == 3 and echo_limiter.snapshot().counts["success"] == 1
+    assert default.snapshot().counts["admitted"] == 0
+
+
+def test_bad_configuration_fails_at_start() -> None:
+    with pytest.raises(ConfigError, match="reject_status"):
+        LoadShedMiddleware(build_app(Gate()), reject_status=500)
+    with pytest.raises(ConfigError, match="limit"):
+        LoadShedMiddleware(build_app(Gate()), limit="turbo")
