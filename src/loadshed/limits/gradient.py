@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 
 from loadshed.errors import ConfigError
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
@@ -58,10 +59,18 @@ class Gradient(LimitAlgorithm):
       latencies, or once it is ``probe_timeout`` old and holds at least one. Envoy
       waits for 50 latencies at a limit of 3, which at 1 s per call pins the limit
       for ~17 s, shedding after every deploy and every minute under load.
-    - ``passive_probe=True`` (ours): any update interval whose requests all ran at
-      ``inflight <= probe_limit`` already measured what a probe would, so it refreshes
-      ``min_rtt`` and postpones the probe. At low traffic the limit is never pinned
-      (Envoy pins it regardless, and blocks the occasional burst).
+    - ``passive_probe=True`` (ours): a request admitted with at most ``probe_limit``
+      in flight ran under the conditions a probe enforces. When a probe comes due
+      and the last ``probe_requests`` such latencies were all gathered since the
+      previous measurement, they are the measurement: no pinning. At low traffic
+      the limit is then never pinned (Envoy pins it regardless, and blocks the
+      occasional burst). This assumes a server that serves requests in order (a
+      worker pool); under processor sharing, requests admitted later could slow them.
+    - ``lower_min_rtt=True`` (ours): an interval whose percentile latency is below
+      ``min_rtt`` proves ``min_rtt`` stale (measured while the model was slow, or
+      with a backlog), so ``min_rtt`` drops to it at once instead of waiting up to a
+      minute for the next probe, during which the gradient stays at 2 and the limit
+      at ``max_limit``.
     - ``drop_backoff=0.9`` (ours): an interval with a dropped request ends with the
       limit at most ``floor(0.9 L)``, and dropped latencies are not used. Envoy only
       sees latencies, so when every request ends at the same timeout the p50 equals
@@ -70,7 +79,7 @@ class Gradient(LimitAlgorithm):
     ``seed`` seeds the jitter (``random.Random(seed)``) so runs are repeatable.
     :meth:`published` returns Envoy's defaults (limit 3 and pinned at start, min 3,
     max 1000, 100 ms interval, 50 probe requests, no timeout, no passive probe,
-    drops ignored).
+    stale min RTT kept until the next probe, drops ignored).
     """
 
     name = "gradient"
@@ -90,6 +99,7 @@ class Gradient(LimitAlgorithm):
         probe_limit: int = 3,
         probe_timeout: float | None = 1.0,
         passive_probe: bool = True,
+        lower_min_rtt: bool = True,
         drop_backoff: float | None = 0.9,
         seed: int | None = 0,
     ) -> None:
@@ -121,14 +131,16 @@ class Gradient(LimitAlgorithm):
         self.probe_limit = probe_limit
         self.probe_timeout = probe_timeout
         self.passive_probe = passive_probe
+        self.lower_min_rtt = lower_min_rtt
         self.drop_backoff = drop_backoff
         self._random = random.Random(seed)
         self._min_rtt: float | None = None
         # Current update interval (sample window).
         self._interval_start: float | None = None
         self._interval_rtts: list[float] = []
-        self._interval_max_inflight = 0
         self._interval_dropped = False
+        # Latencies of requests admitted at probe concurrency since the last measurement.
+        self._passive_rtts: deque[float] = deque(maxlen=probe_requests)
         # Min-RTT probe: starts pinned at construction, as Envoy's controller does.
         self._probing = True
         self._probe_start: float | None = None  # set by the first sample
@@ -157,6 +169,7 @@ class Gradient(LimitAlgorithm):
             probe_limit=3,
             probe_timeout=None,
             passive_probe=False,
+            lower_min_rtt=False,
             drop_backoff=None,
             seed=seed,
         )
@@ -184,9 +197,15 @@ class Gradient(LimitAlgorithm):
             self._probe_step(sample, now, rtt if use_latency else None)
             return self._limit
         if self._next_probe_at is not None and now >= self._next_probe_at:
-            self._enter_probe(now)
-            self._probe_step(sample, now, rtt if use_latency else None)
-            return self._limit
+            if len(self._passive_rtts) >= self.probe_requests:
+                # Traffic already ran at probe concurrency: measured for free.
+                self._min_rtt = _percentile(list(self._passive_rtts), self.percentile)
+                self._passive_rtts.clear()
+                self._schedule_probe(now)
+            else:
+                self._enter_probe(now)
+                self._probe_step(sample, now, rtt if use_latency else None)
+                return self._limit
         if self._interval_start is None:
             self._interval_start = now
         elif now - self._interval_start >= self.update_interval:
@@ -196,7 +215,8 @@ class Gradient(LimitAlgorithm):
                 return self._limit
         if use_latency:
             self._interval_rtts.append(rtt)
-        self._interval_max_inflight = max(self._interval_max_inflight, sample.inflight)
+            if self.passive_probe and sample.inflight <= self.probe_limit:
+                self._passive_rtts.append(rtt)
         self._interval_dropped = self._interval_dropped or sample.dropped
         return self._limit
 
@@ -212,17 +232,10 @@ class Gradient(LimitAlgorithm):
             gradient = max(0.5, min(2.0, buffered / sample_rtt))
             scaled = gradient * old_limit
             new_limit = self._clamp(math.floor(scaled + math.sqrt(scaled)))
+            if self.lower_min_rtt and sample_rtt < self._min_rtt:
+                self._min_rtt = sample_rtt
         if self._interval_dropped and self.drop_backoff is not None:
             new_limit = min(new_limit, self._clamp(math.floor(old_limit * self.drop_backoff)))
-        if (
-            self.passive_probe
-            and rtts
-            and self._interval_max_inflight <= self.probe_limit
-            and not self._interval_dropped
-        ):
-            # Requests ran at probe concurrency anyway: this was a probe, for free.
-            self._min_rtt = _percentile(rtts, self.percentile)
-            self._schedule_probe(now)
         self._limit = new_limit
         if old_limit == self.min_limit and new_limit == self.min_limit:
             self._min_streak += 1
@@ -237,7 +250,6 @@ class Gradient(LimitAlgorithm):
     def _reset_interval(self, now: float) -> None:
         self._interval_start = now
         self._interval_rtts = []
-        self._interval_max_inflight = 0
         self._interval_dropped = False
 
     # -- min-RTT probe -------------------------------------------------------------
@@ -269,6 +281,7 @@ class Gradient(LimitAlgorithm):
             self._min_rtt = _percentile(self._probe_rtts, self.percentile)
             self._probing = False
             self._probe_rtts = []
+            self._passive_rtts.clear()
             self._limit = self._deferred_limit
             self._schedule_probe(now)
             self._reset_interval(now)
