@@ -31,6 +31,7 @@ from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, p
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limiter import Limiter, Waiting
 from loadshed.limits.base import LimitAlgorithm
+from loadshed.metrics import LoadshedMetrics
 
 __all__ = ["LoadShedMiddleware", "RouteSelector"]
 
@@ -64,6 +65,9 @@ class LoadShedMiddleware:
         deadline_header / grpc_timeout_header / priority_header: header names.
         server_timing: add the ``Server-Timing`` response header.
         limiter_options: keyword arguments for limiters the middleware builds.
+        metrics: export every limiter here to this :class:`LoadshedMetrics`.
+        metrics_path: serve those metrics at this exact path (never limited);
+            needs ``metrics`` (one is created if omitted).
     """
 
     def __init__(
@@ -83,6 +87,8 @@ class LoadShedMiddleware:
         priority_header: str = "x-priority",
         server_timing: bool = True,
         limiter_options: Mapping[str, Any] | None = None,
+        metrics: LoadshedMetrics | None = None,
+        metrics_path: str | None = None,
     ) -> None:
         if reject_status not in _REJECT_STATUSES:
             raise ConfigError("reject_status", f"got {reject_status}, allowed: 429|503")
@@ -119,6 +125,13 @@ class LoadShedMiddleware:
         self.server_timing = server_timing
         self.malformed_headers: dict[str, int] = {}
         """Counts of malformed header values seen, by header name."""
+        if metrics_path is not None and metrics is None:
+            metrics = LoadshedMetrics()
+        self.metrics = metrics
+        self.metrics_path = metrics_path
+        self._metrics_app = metrics.asgi_app() if metrics is not None else None
+        if metrics is not None:
+            metrics.track_middleware(self)
         self._reject_bodies = {
             reason: json.dumps({"error": "overloaded", "reason": reason.value}).encode()
             for reason in RejectReason
@@ -144,6 +157,9 @@ class LoadShedMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if self._metrics_app is not None and scope.get("path") == self.metrics_path:
+            await self._metrics_app(scope, receive, send)
             return
         limiter = self.limiter_for(scope)
         if limiter is None:

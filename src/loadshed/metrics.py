@@ -1,0 +1,168 @@
+"""Prometheus metrics for limiters, kept in the process that owns them.
+
+    metrics = LoadshedMetrics()
+    app = LoadShedMiddleware(app, metrics=metrics, metrics_path="/metrics")
+    # or: metrics.track(limiter); mount metrics.asgi_app() where you like
+
+Exported, labelled by limiter name:
+- ``loadshed_limit``, ``loadshed_inflight``, ``loadshed_queue_length`` (gauges, read at
+  scrape time), ``loadshed_service_time_estimate_seconds``, ``loadshed_patience_seconds``;
+- ``loadshed_requests_total{outcome,reason}``: outcome is success, dropped, ignored
+  or rejected; reason is the rejection reason (empty otherwise);
+- ``loadshed_queue_wait_seconds`` and ``loadshed_service_seconds`` histograms with
+  buckets from 1 ms to 30 s;
+- ``loadshed_malformed_headers_total{header}`` from tracked middleware.
+
+With ``uvicorn --workers N`` every worker process has its own limiters and its own
+metrics, and a scrape reaches one worker at random: run one worker per container
+(or per port) and let Prometheus scrape each, which is also what makes per-worker
+limits meaningful. Prometheus' multiprocess mode is not supported: it cannot carry
+the scrape-time gauges.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from loadshed.admission import Admission
+from loadshed.errors import Outcome, Priority, RejectReason
+
+if TYPE_CHECKING:
+    from loadshed.asgi import LoadShedMiddleware
+    from loadshed.limiter import Limiter
+
+__all__ = ["DEFAULT_BUCKETS", "LoadshedMetrics"]
+
+DEFAULT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+"""Latency buckets suited to model endpoints: 1 ms to 30 s."""
+
+
+class _Listener:
+    """Turns one limiter's events into metric updates (label children bound once)."""
+
+    def __init__(self, metrics: LoadshedMetrics, name: str) -> None:
+        requests = metrics.requests
+        self._outcomes = {o: requests.labels(name, o.value, "") for o in Outcome}
+        self._rejects = {r: requests.labels(name, "rejected", r.value) for r in RejectReason}
+        self._queue_wait = metrics.queue_wait.labels(name)
+        self._service = metrics.service.labels(name)
+
+    def on_admit(self, queue_wait_s: float, priority: Priority) -> None:
+        self._queue_wait.observe(queue_wait_s)
+
+    def on_release(self, outcome: Outcome, service_s: float) -> None:
+        self._outcomes[outcome].inc()
+        if outcome is not Outcome.IGNORED:
+            self._service.observe(service_s)
+
+    def on_reject(self, reason: RejectReason, queue_wait_s: float) -> None:
+        self._rejects[reason].inc()
+
+
+class _StateCollector(Collector):
+    """Reads limiter state at scrape time, so gauges are never stale."""
+
+    def __init__(self) -> None:
+        self.admissions: list[Admission] = []
+        self.middlewares: list[LoadShedMiddleware] = []
+
+    def collect(self) -> Iterator[Metric]:
+        gauges: list[tuple[str, str, Callable[[Admission], float | None]]] = [
+            ("loadshed_limit", "Current concurrency limit.", lambda a: a.limit),
+            ("loadshed_inflight", "Requests admitted and not yet released.", lambda a: a.inflight),
+            ("loadshed_queue_length", "Requests waiting for admission.", lambda a: a.queue_length),
+            (
+                "loadshed_service_time_estimate_seconds",
+                "Moving average of service time used for wait estimates.",
+                lambda a: a.service.mean,
+            ),
+            (
+                "loadshed_patience_seconds",
+                "Learned client patience (default deadline); NaN while unknown.",
+                lambda a: a.patience.patience,
+            ),
+        ]
+        for metric_name, documentation, read in gauges:
+            family = GaugeMetricFamily(metric_name, documentation, labels=["limiter"])
+            for admission in self.admissions:
+                value = read(admission)
+                family.add_metric([admission.name], float("nan") if value is None else value)
+            yield family
+        malformed = CounterMetricFamily(
+            "loadshed_malformed_headers",
+            "Requests whose deadline or priority header was malformed (ignored).",
+            labels=["header"],
+        )
+        totals: dict[str, int] = {}
+        for middleware in self.middlewares:
+            for header, count in middleware.malformed_headers.items():
+                totals[header] = totals.get(header, 0) + count
+        for header, count in sorted(totals.items()):
+            malformed.add_metric([header], count)
+        yield malformed
+
+
+class LoadshedMetrics:
+    """A Prometheus registry holding loadshed's metrics; see the module docstring."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        buckets: Sequence[float] = DEFAULT_BUCKETS,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter(
+            "loadshed_requests",
+            "Requests by outcome (success, dropped, ignored, rejected) and rejection reason.",
+            ["limiter", "outcome", "reason"],
+            registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "loadshed_queue_wait_seconds",
+            "Time admitted requests waited in the queue.",
+            ["limiter"],
+            buckets=tuple(buckets),
+            registry=self.registry,
+        )
+        self.service = Histogram(
+            "loadshed_service_seconds",
+            "Time from admission to release of requests that told the limit something.",
+            ["limiter"],
+            buckets=tuple(buckets),
+            registry=self.registry,
+        )
+        self._state = _StateCollector()
+        self.registry.register(self._state)
+        self._tracked: set[int] = set()
+
+    def track(self, limiter: Limiter | Admission) -> None:
+        """Export this limiter's state and events (idempotent)."""
+        admission = limiter if isinstance(limiter, Admission) else limiter.admission
+        if id(admission) in self._tracked:
+            return
+        self._tracked.add(id(admission))
+        admission.add_listener(_Listener(self, admission.name))
+        self._state.admissions.append(admission)
+
+    def track_all(self, limiters: Iterable[Limiter | Admission]) -> None:
+        """Track several limiters."""
+        for limiter in limiters:
+            self.track(limiter)
+
+    def track_middleware(self, middleware: LoadShedMiddleware) -> None:
+        """Track a middleware's limiters and its malformed-header counts."""
+        self.track_all(middleware.limiters)
+        if middleware not in self._state.middlewares:
+            self._state.middlewares.append(middleware)
+
+    def asgi_app(self) -> Callable[..., Any]:
+        """An ASGI app serving this registry in the Prometheus text format."""
+        return make_asgi_app(self.registry)
