@@ -13,6 +13,9 @@ Each HTTP request is admitted, queued or refused by a :class:`Limiter`:
   the request's deadline are drops, 4xx are ignored, the rest are successes;
 - ``Server-Timing: queue;dur=..., app;dur=...`` tells the client where time went.
 
+The app finds its token in ``scope["loadshed.token"]`` and may release it first
+with its own outcome (a proxy marks an upstream 429 as dropped, for instance).
+
 The deadline comes from ``X-Request-Timeout`` (seconds) or ``grpc-timeout``, or
 the route's default; the priority from ``X-Priority``. Malformed values are
 ignored and counted (``malformed_headers``), never answered with a 500.
@@ -254,6 +257,7 @@ class LoadShedMiddleware:
         self, scope: Scope, receive: Receive, send: Send, token: Token, deadline: float | None
     ) -> None:
         clock = token._admission.clock
+        scope["loadshed.token"] = token  # lets the app record its own outcome first
         status = 0
         queue_ms = token.queue_wait * 1000.0
 
