@@ -1,0 +1,119 @@
+"""Many replicas behind a load balancer, each with its own limiter and no shared
+state, some of them slowed down for a while."""
+
+from __future__ import annotations
+
+import random
+
+from loadshed.errors import ConfigError
+from loadshed.sim.request import Request
+from loadshed.sim.server import Replica
+
+__all__ = [
+    "BALANCERS",
+    "Balancer",
+    "LeastOutstanding",
+    "RandomBalancer",
+    "RoundRobin",
+    "make_balancer",
+]
+
+BALANCERS = ("random", "round-robin", "least-outstanding")
+
+
+class Balancer:
+    """Sends each arriving request to one of ``replicas``."""
+
+    __slots__ = ("replicas",)
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        if not replicas:
+            raise ConfigError("replicas", "must be >= 1")
+        self.replicas = replicas
+
+    def arrive(self, request: Request) -> None:
+        """Route a request arriving now."""
+        raise NotImplementedError
+
+
+class RandomBalancer(Balancer):
+    """Uniformly random choice (seeded)."""
+
+    __slots__ = ("_rng",)
+
+    def __init__(self, replicas: list[Replica], rng: random.Random) -> None:
+        super().__init__(replicas)
+        self._rng = rng
+
+    def arrive(self, request: Request) -> None:
+        if request.client_gone:
+            return
+        replicas = self.replicas
+        replicas[int(self._rng.random() * len(replicas))].arrive(request)
+
+
+class RoundRobin(Balancer):
+    """Each replica in turn."""
+
+    __slots__ = ("_next",)
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        super().__init__(replicas)
+        self._next = 0
+
+    def arrive(self, request: Request) -> None:
+        if request.client_gone:
+            return
+        index = self._next
+        self._next = index + 1 if index + 1 < len(self.replicas) else 0
+        self.replicas[index].arrive(request)
+
+
+class LeastOutstanding(Balancer):
+    """The replica with the fewest requests outstanding; ties go to the one that has
+    waited longest at that count (so equals share the load in turn).
+
+    Exact and O(1) per change: replicas sit in buckets by outstanding count (insertion
+    ordered dicts), and counts only move by one.
+    """
+
+    __slots__ = ("_buckets", "_min")
+
+    def __init__(self, replicas: list[Replica]) -> None:
+        super().__init__(replicas)
+        self._buckets: list[dict[Replica, None]] = [{}]
+        for replica in replicas:
+            if replica.outstanding != 0:
+                raise ConfigError("replicas", "must start with nothing outstanding")
+            self._buckets[0][replica] = None
+            replica.on_outstanding = self._moved
+        self._min = 0
+
+    def _moved(self, replica: Replica, previous: int) -> None:
+        buckets = self._buckets
+        del buckets[previous][replica]
+        count = replica.outstanding
+        if count >= len(buckets):
+            buckets.append({})
+        buckets[count][replica] = None
+        if count < self._min:
+            self._min = count
+
+    def arrive(self, request: Request) -> None:
+        if request.client_gone:
+            return
+        buckets = self._buckets
+        while not buckets[self._min]:
+            self._min += 1
+        next(iter(buckets[self._min])).arrive(request)
+
+
+def make_balancer(kind: str, replicas: list[Replica], rng: random.Random) -> Balancer:
+    """Build ``random``, ``round-robin`` or ``least-outstanding``."""
+    if kind == "random":
+        return RandomBalancer(replicas, rng)
+    if kind == "round-robin":
+        return RoundRobin(replicas)
+    if kind == "least-outstanding":
+        return LeastOutstanding(replicas)
+    raise ConfigError("balancer", f"got {kind!r}, allowed: {'|'.join(BALANCERS)}")

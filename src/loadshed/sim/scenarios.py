@@ -1,0 +1,509 @@
+"""The reference experiments in virtual time: the throughput paradox (DESIGN.md E1),
+a capacity change (E2), and a fleet of replicas some of which slow down.
+
+Each ``run_*`` function builds the simulation from plain settings, runs it and
+returns a JSON-ready dict; the same seed gives the same dict.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loadshed.admission import DISCIPLINES, Admission
+from loadshed.errors import ConfigError
+from loadshed.limits import make_limit
+from loadshed.sim.arrivals import make_arrivals
+from loadshed.sim.clients import ClientConfig, ClosedLoop, OpenLoop, SemiOpen
+from loadshed.sim.engine import Engine
+from loadshed.sim.fleet import make_balancer
+from loadshed.sim.metrics import LimitTrace, Phase, Recorder
+from loadshed.sim.server import Replica
+from loadshed.sim.service import ServiceModel, make_service_time
+
+__all__ = [
+    "SIM_LIMITS",
+    "LimiterConfig",
+    "ServiceConfig",
+    "run_capacity_change",
+    "run_fleet",
+    "run_paradox",
+]
+
+SIM_LIMITS = ("none", "fixed", "aimd", "vegas", "gradient2", "gradient", "little")
+"""Values of ``--limit``: ``none`` is a replica with no limiter at all."""
+
+
+@dataclass(frozen=True)
+class LimiterConfig:
+    """How each replica's admission core is built (``limit="none"``: no limiter)."""
+
+    limit: str = "little"
+    limit_value: int | None = None
+    max_queue: int = 1000
+    max_queue_wait: float | None = None
+    discipline: str = "fifo"
+
+    def __post_init__(self) -> None:
+        name, _, value = self.limit.partition(":")
+        if name not in SIM_LIMITS:
+            raise ConfigError("limit", f"got {self.limit!r}, allowed: {'|'.join(SIM_LIMITS)}")
+        if name == "fixed":
+            if value:
+                try:
+                    int(value)
+                except ValueError:
+                    raise ConfigError("limit", f"fixed:N needs an integer, got {value!r}") from None
+            elif self.limit_value is None:
+                raise ConfigError("limit_value", "required with --limit fixed (an integer >= 1)")
+        elif value:
+            raise ConfigError("limit", f"only fixed takes a value, got {self.limit!r}")
+        if self.limit_value is not None and self.limit_value < 1:
+            raise ConfigError("limit_value", f"must be >= 1, got {self.limit_value}")
+        if self.max_queue < 0:
+            raise ConfigError("max_queue", f"must be >= 0, got {self.max_queue}")
+        if self.discipline not in DISCIPLINES:
+            raise ConfigError(
+                "discipline", f"got {self.discipline!r}, allowed: {'|'.join(DISCIPLINES)}"
+            )
+        # fail now, not inside the run
+        self.build(Engine())
+
+    @property
+    def name(self) -> str:
+        """The limit as reported (``fixed:N`` with its value)."""
+        if self.limit == "fixed":
+            return f"fixed:{self.limit_value}"
+        return self.limit
+
+    def build(self, engine: Engine) -> Admission | None:
+        """A fresh admission core on the engine's clock, or None for ``none``."""
+        if self.limit == "none":
+            return None
+        return Admission(
+            make_limit(self.name),
+            engine.clock,
+            max_queue=self.max_queue,
+            max_queue_wait=self.max_queue_wait,
+            discipline=self.discipline,
+        )
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The origin's service time: distribution, mean, and an optional change."""
+
+    mean: float
+    dist: str = "constant"
+    sigma: float = 0.5
+    change_to: float | None = None
+    change_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.build(random.Random(0))
+        if self.change_to is not None:
+            make_service_time(self.dist, self.change_to, self.sigma)
+
+    def build(self, rng: random.Random) -> ServiceModel:
+        """The service model drawing from ``rng``."""
+        before = make_service_time(self.dist, self.mean, self.sigma)
+        after = None
+        if self.change_to is not None:
+            after = make_service_time(self.dist, self.change_to, self.sigma)
+        return ServiceModel(before, rng, after=after, change_at=self.change_at)
+
+
+def _check_positive(field: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(field, f"must be > 0, got {value}")
+
+
+def _round(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _step(
+    recorder: Recorder,
+    phase: str,
+    capacity: float,
+    achievable: float,
+    replicas: Sequence[Replica],
+) -> dict[str, Any]:
+    stats = recorder.stats(phase)
+    summary = stats.summary()
+    goodput = stats.success / stats.phase.seconds
+    traces = [r.limit_trace for r in replicas if r.limit_trace is not None]
+    mean_limit = None
+    if traces:
+        mean_limit = statistics.fmean(t.mean(stats.phase.start, stats.phase.end) for t in traces)
+    return {
+        "capacity_rps": _round(capacity),
+        "goodput_rps": summary.pop("goodput_rps"),
+        "goodput_ratio": _round(goodput / achievable),
+        "throughput_rps": summary.pop("throughput_rps"),
+        "p50_success_s": summary.pop("p50_success_s"),
+        "p99_success_s": summary.pop("p99_success_s"),
+        "rejected": summary.pop("rejected"),
+        "timed_out": summary.pop("timed_out"),
+        "mean_limit": _round(mean_limit, 3),
+        **summary,
+    }
+
+
+def _seeded(seed: int, *salt: int) -> random.Random:
+    value = seed
+    for part in salt:
+        value = value * 1_000_003 + part
+    return random.Random(value)
+
+
+def run_paradox(
+    *,
+    limiter: LimiterConfig,
+    clients: Sequence[int] = (1, 2, 3, 4, 5, 8, 16, 32, 64),
+    workers: int = 1,
+    service: ServiceConfig | None = None,
+    timeout: float = 2.0,
+    think: float = 0.0,
+    rtt: float = 0.001,
+    send_deadline: bool = True,
+    duration: float = 30.0,
+    origin_queue: int | None = None,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """E1: closed-loop clients against one replica; one fresh run per client count.
+
+    The goodput ratio is goodput / capacity (workers / mean service time).
+    """
+    service = service if service is not None else ServiceConfig(0.5)
+    _check_positive("duration", duration)
+    if workers < 1:
+        raise ConfigError("workers", f"must be >= 1, got {workers}")
+    if not clients or min(clients) < 1:
+        raise ConfigError("clients", f"every count must be >= 1, got {list(clients)}")
+    config = ClientConfig(timeout=timeout, rtt=rtt, think=think, send_deadline=send_deadline)
+    capacity = workers / service.mean
+    steps = []
+    converge: list[float | None] = []
+    for count in clients:
+        engine = Engine()
+        rng = _seeded(seed, count)
+        replica = Replica(
+            engine,
+            workers=workers,
+            service=service.build(rng),
+            admission=limiter.build(engine),
+            one_way=config.one_way,
+            origin_queue=origin_queue,
+        )
+        recorder = Recorder([Phase("run", 0.0, duration)])
+        ClosedLoop(engine, replica, config, recorder, clients=count, stop=duration)
+        engine.run(duration)
+        step = {"clients": count, **_step(recorder, "run", capacity, capacity, [replica])}
+        trace = replica.limit_trace
+        settled = trace.converge_time(0.0, duration) if trace is not None else None
+        step["converge_s"] = _round(settled, 3)
+        converge.append(settled)
+        steps.append(step)
+    return {
+        "scenario": "paradox",
+        "limit": limiter.name,
+        "capacity_rps": _round(capacity),
+        "deadlines": send_deadline,
+        "seed": seed,
+        "settings": {
+            "workers": workers,
+            "service": service.dist,
+            "service_time_s": service.mean,
+            "timeout_s": timeout,
+            "think_s": think,
+            "rtt_s": rtt,
+            "duration_s": duration,
+            "origin_queue": origin_queue,
+            "max_queue": limiter.max_queue,
+            "discipline": limiter.discipline,
+        },
+        "steps": steps,
+        "converge_s": _worst(converge) if limiter.limit != "none" else None,
+    }
+
+
+def _worst(values: Sequence[float | None]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return _round(max(v for v in values if v is not None), 3)
+
+
+def run_capacity_change(
+    *,
+    limiter: LimiterConfig,
+    workers: int = 7,
+    service_time: float = 1.0,
+    change_to: float = 2.0,
+    change_at: float | None = None,
+    dist: str = "constant",
+    sigma: float = 0.5,
+    rate: float = 5.0,
+    arrivals: str = "constant",
+    client_workers: int = 10,
+    timeout: float = 2.5,
+    rtt: float = 0.001,
+    send_deadline: bool = True,
+    origin_queue: int | None = 100,
+    duration: float = 120.0,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """E2: a steady rate against one replica whose service time changes mid-run.
+
+    ``client_workers`` caps outstanding requests like E2's Go client (0: pure open
+    loop). Steps are the phase before the change and the phase after it; goodput
+    ratio is goodput / min(capacity, rate); ``converge_s`` is the time from the change
+    until the limit stays within ±10 % (at least ±1) of where it ends up.
+    """
+    _check_positive("duration", duration)
+    if workers < 1:
+        raise ConfigError("workers", f"must be >= 1, got {workers}")
+    if client_workers < 0:
+        raise ConfigError("client_workers", f"must be >= 0 (0: open loop), got {client_workers}")
+    change = duration / 2 if change_at is None else change_at
+    if not 0 < change < duration:
+        raise ConfigError("change_at", f"must be within (0, {duration:g}) seconds, got {change:g}")
+    service = ServiceConfig(service_time, dist, sigma, change_to=change_to, change_at=change)
+    arrival_process = make_arrivals(arrivals, rate)
+    config = ClientConfig(timeout=timeout, rtt=rtt, send_deadline=send_deadline)
+    engine = Engine()
+    rng = _seeded(seed)
+    replica = Replica(
+        engine,
+        workers=workers,
+        service=service.build(rng),
+        admission=limiter.build(engine),
+        one_way=config.one_way,
+        origin_queue=origin_queue,
+    )
+    recorder = Recorder([Phase("before", 0.0, change), Phase("after", change, duration)])
+    client_rng = _seeded(seed, 1)
+    if client_workers:
+        SemiOpen(
+            engine,
+            replica,
+            config,
+            recorder,
+            arrivals=arrival_process,
+            workers=client_workers,
+            rng=client_rng,
+            stop=duration,
+        )
+    else:
+        OpenLoop(
+            engine,
+            replica,
+            config,
+            recorder,
+            arrivals=arrival_process,
+            rng=client_rng,
+            stop=duration,
+        )
+    engine.run(duration)
+    capacity_before = workers / service_time
+    capacity_after = workers / change_to
+    steps = [
+        {
+            "phase": "before",
+            "rate": rate,
+            **_step(recorder, "before", capacity_before, min(capacity_before, rate), [replica]),
+        },
+        {
+            "phase": "after",
+            "rate": rate,
+            **_step(recorder, "after", capacity_after, min(capacity_after, rate), [replica]),
+        },
+    ]
+    trace = replica.limit_trace
+    return {
+        "scenario": "capacity_change",
+        "limit": limiter.name,
+        "capacity_rps": _round(capacity_after),
+        "deadlines": send_deadline,
+        "seed": seed,
+        "settings": {
+            "workers": workers,
+            "service": dist,
+            "service_time_s": service_time,
+            "change_to_s": change_to,
+            "change_at_s": change,
+            "rate": rate,
+            "arrivals": arrivals,
+            "client_workers": client_workers,
+            "timeout_s": timeout,
+            "rtt_s": rtt,
+            "duration_s": duration,
+            "origin_queue": origin_queue,
+            "max_queue": limiter.max_queue,
+            "discipline": limiter.discipline,
+        },
+        "steps": steps,
+        "converge_s": _round(trace.converge_time(change, duration), 3) if trace else None,
+        "final_limit": trace.values[-1] if trace else None,
+    }
+
+
+def run_fleet(
+    *,
+    limiter: LimiterConfig,
+    replicas: int = 10,
+    workers: int = 2,
+    service_time: float = 0.2,
+    dist: str = "lognormal",
+    sigma: float = 0.5,
+    rate: float | None = None,
+    load: float = 0.8,
+    arrivals: str = "poisson",
+    balancer: str = "round-robin",
+    slow_fraction: float = 0.1,
+    slow_factor: float = 4.0,
+    slow_at: float | None = None,
+    slow_for: float | None = None,
+    timeout: float = 1.0,
+    retries: int = 1,
+    rtt: float = 0.001,
+    send_deadline: bool = True,
+    origin_queue: int | None = None,
+    duration: float = 60.0,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """Open-loop traffic over ``replicas`` behind a balancer; a fraction of them run
+    ``slow_factor`` times slower from ``slow_at`` for ``slow_for`` seconds.
+
+    ``rate`` defaults to ``load`` x the healthy fleet's capacity. A rejected request is
+    retried ``retries`` times through the balancer within its timeout. Steps are the
+    phases before, during and after the slowdown.
+    """
+    _check_positive("duration", duration)
+    if replicas < 1:
+        raise ConfigError("replicas", f"must be >= 1, got {replicas}")
+    if workers < 1:
+        raise ConfigError("workers", f"must be >= 1, got {workers}")
+    if not 0 <= slow_fraction <= 1:
+        raise ConfigError("slow_fraction", f"must be within [0, 1], got {slow_fraction}")
+    _check_positive("slow_factor", slow_factor)
+    _check_positive("load", load)
+    start = duration / 3 if slow_at is None else slow_at
+    length = duration / 3 if slow_for is None else slow_for
+    if not 0 < start < duration or not length > 0 or start + length > duration:
+        raise ConfigError(
+            "slow_at", f"slowdown [{start:g}, {start + length:g}] must lie within (0, {duration:g})"
+        )
+    service = ServiceConfig(service_time, dist, sigma)
+    capacity = replicas * workers / service_time
+    offered = capacity * load if rate is None else rate
+    arrival_process = make_arrivals(arrivals, offered)
+    config = ClientConfig(timeout=timeout, rtt=rtt, send_deadline=send_deadline, retries=retries)
+
+    engine = Engine()
+    service_rng = _seeded(seed)
+    fleet = [
+        Replica(
+            engine,
+            workers=workers,
+            service=service.build(service_rng),
+            admission=limiter.build(engine),
+            one_way=config.one_way,
+            origin_queue=origin_queue,
+            index=index,
+        )
+        for index in range(replicas)
+    ]
+    choice_rng = _seeded(seed, 2)
+    slowed = sorted(choice_rng.sample(range(replicas), round(slow_fraction * replicas)))
+
+    def slow_down(factor: float) -> None:
+        for index in slowed:
+            fleet[index].origin.slow_factor = factor
+
+    engine.at(start, slow_down, slow_factor)
+    engine.at(start + length, slow_down, 1.0)
+    front = make_balancer(balancer, fleet, _seeded(seed, 3))
+    phases = [
+        Phase("before", 0.0, start),
+        Phase("during", start, start + length),
+        Phase("after", start + length, duration),
+    ]
+    recorder = Recorder([p for p in phases if p.seconds > 0])
+    OpenLoop(
+        engine,
+        front,
+        config,
+        recorder,
+        arrivals=arrival_process,
+        rng=_seeded(seed, 1),
+        stop=duration,
+    )
+    engine.run(duration)
+
+    slow_capacity = (replicas - len(slowed)) * workers / service_time + len(slowed) * workers / (
+        service_time * slow_factor
+    )
+    steps = []
+    for phase in recorder.phases:
+        phase_capacity = slow_capacity if phase.name == "during" else capacity
+        step = {
+            "phase": phase.name,
+            "rate": _round(offered),
+            **_step(recorder, phase.name, phase_capacity, min(phase_capacity, offered), fleet),
+        }
+        if slowed and fleet[0].limit_trace is not None:
+            step["mean_limit_slowed"] = _round(
+                statistics.fmean(_trace(fleet[i]).mean(phase.start, phase.end) for i in slowed),
+                3,
+            )
+        steps.append(step)
+    converge_s = None
+    if slowed and fleet[0].limit_trace is not None:
+        # the median slowed replica (one that never settles counts as infinitely slow)
+        times = sorted(
+            math.inf if t is None else t
+            for t in (_trace(fleet[i]).converge_time(start, start + length) for i in slowed)
+        )
+        median = times[len(times) // 2]
+        converge_s = None if math.isinf(median) else _round(median, 3)
+    return {
+        "scenario": "fleet",
+        "limit": limiter.name,
+        "capacity_rps": _round(capacity),
+        "deadlines": send_deadline,
+        "seed": seed,
+        "settings": {
+            "replicas": replicas,
+            "workers": workers,
+            "service": dist,
+            "service_time_s": service_time,
+            "sigma": sigma,
+            "rate": _round(offered),
+            "arrivals": arrivals,
+            "balancer": balancer,
+            "slowed_replicas": len(slowed),
+            "slow_factor": slow_factor,
+            "slow_at_s": start,
+            "slow_for_s": length,
+            "timeout_s": timeout,
+            "retries": retries,
+            "rtt_s": rtt,
+            "duration_s": duration,
+            "origin_queue": origin_queue,
+            "max_queue": limiter.max_queue,
+            "discipline": limiter.discipline,
+        },
+        "steps": steps,
+        "converge_s": converge_s,
+        "events": engine.events,
+    }
+
+
+def _trace(replica: Replica) -> LimitTrace:
+    assert replica.limit_trace is not None
+    return replica.limit_trace

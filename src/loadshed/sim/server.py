@@ -1,0 +1,188 @@
+"""A replica: the admission core in front of an origin, driven by callbacks in
+virtual time (no asyncio).
+
+The replica translates simulator events into limiter calls, exactly as an
+integration does in real time: ``submit`` on arrival, ``release`` with the outcome
+when the origin answers, ``cancel`` and ``client_gave_up`` when the client leaves,
+and ``expire`` at the limiter's next expiry time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from loadshed.admission import Admission, Token
+from loadshed.errors import Outcome, Priority, Rejected
+from loadshed.sim.engine import Engine
+from loadshed.sim.metrics import LimitTrace
+from loadshed.sim.origin import Origin
+from loadshed.sim.request import Request, Status
+from loadshed.sim.service import ServiceModel
+
+__all__ = ["Replica"]
+
+_DEFAULT = Priority.DEFAULT
+_SUCCESS = Outcome.SUCCESS
+_DROPPED = Outcome.DROPPED
+
+
+class Replica:
+    """One server: optional admission core, then an :class:`Origin` with ``workers``.
+
+    ``admission`` None is the unprotected baseline (``--limit none``): every request
+    goes straight to the origin's own queue. ``one_way`` is half the network round
+    trip, added to every response on its way back to the client.
+    """
+
+    __slots__ = (
+        "_engine",
+        "_expiry_at",
+        "_limit_now",
+        "admission",
+        "index",
+        "limit_trace",
+        "on_outstanding",
+        "one_way",
+        "origin",
+        "outstanding",
+    )
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        workers: int,
+        service: ServiceModel,
+        admission: Admission | None,
+        one_way: float,
+        origin_queue: int | None = None,
+        index: int = 0,
+    ) -> None:
+        self._engine = engine
+        self.origin = Origin(engine, workers, service, self._origin_done, max_queue=origin_queue)
+        self.admission = admission
+        self.one_way = one_way
+        self.index = index
+        self.outstanding = 0
+        """Requests at this replica not yet answered (what a balancer counts)."""
+        self.on_outstanding: Callable[[Replica, int], None] | None = None
+        """Called with (replica, previous count) whenever ``outstanding`` changes."""
+        self._expiry_at = math.inf
+        now = engine.clock.now()
+        self._limit_now = admission.limit if admission is not None else 0
+        self.limit_trace = LimitTrace(now, self._limit_now) if admission is not None else None
+
+    # -- arrivals ---------------------------------------------------------------
+
+    def arrive(self, request: Request) -> None:
+        """A request reaches the server (the current virtual time)."""
+        if request.client_gone:
+            return
+        now = self._engine.clock.now()
+        request.replica = self
+        request.arrived_at = now
+        request.served = False
+        self.outstanding += 1
+        if self.on_outstanding is not None:
+            self.on_outstanding(self, self.outstanding - 1)
+        admission = self.admission
+        if admission is None:
+            self.origin.start(request)
+            return
+        try:
+            result = admission.submit(
+                priority=_DEFAULT,
+                deadline=request.deadline,
+                on_grant=request.granted,
+                on_reject=request.rejected,
+            )
+        except Rejected:
+            # a refusal leaves the queue and the limit as they were (every simulated
+            # request has the same priority, so none is evicted to make room)
+            self._answer(request, Status.REJECTED)
+            return
+        if isinstance(result, Token):
+            request.token = result
+            self.origin.start(request)
+        else:
+            request.ticket = result
+        self._after_change()
+
+    # -- admission callbacks ----------------------------------------------------
+
+    def granted(self, request: Request, token: object) -> None:
+        """A queued request was admitted: start it at the origin."""
+        request.ticket = None
+        request.token = token
+        self.origin.start(request)
+
+    def evicted(self, request: Request) -> None:
+        """A queued request was refused later (queue timeout, deadline, priority)."""
+        request.ticket = None
+        self._answer(request, Status.REJECTED)
+
+    # -- completion and departure -----------------------------------------------
+
+    def _origin_done(self, request: Request, ok: bool) -> None:
+        token = request.token
+        if token is not None:
+            request.token = None
+            deadline = request.deadline
+            late = request.client_gone or (
+                deadline is not None and self._engine.clock.now() > deadline
+            )
+            token.release(_DROPPED if (late or not ok) else _SUCCESS)
+            self._after_change()
+        self._answer(request, Status.SUCCESS if ok else Status.ORIGIN_REJECTED)
+
+    def client_left(self, request: Request) -> None:
+        """The client timed out while the server still held its request."""
+        admission = self.admission
+        if admission is None:
+            return
+        if request.ticket is not None:
+            # a client_gone cancellation teaches the limiter the client's patience
+            admission.cancel(request.ticket)
+            request.ticket = None
+            # the request leaves the server now, unanswered
+            self._departed(request)
+        else:
+            admission.client_gave_up(self._engine.clock.now() - request.arrived_at)
+        self._after_change()
+
+    def _answer(self, request: Request, status: int) -> None:
+        self._departed(request)
+        request.owner.on_response(request, status, self._engine.clock.now() + self.one_way)
+
+    def _departed(self, request: Request) -> None:
+        request.served = True
+        self.outstanding -= 1
+        if self.on_outstanding is not None:
+            self.on_outstanding(self, self.outstanding + 1)
+
+    # -- limiter housekeeping ---------------------------------------------------
+
+    def _after_change(self) -> None:
+        admission = self.admission
+        assert admission is not None
+        limit = admission.limit
+        now = self._engine.clock.now()
+        if limit != self._limit_now:
+            self._limit_now = limit
+            assert self.limit_trace is not None
+            self.limit_trace.record(now, limit)
+        next_expiry = admission.next_expiry()
+        # keep one pending expiry event, at the earliest time needed
+        if next_expiry is not None and next_expiry < self._expiry_at:
+            when = next_expiry if next_expiry > now else now
+            self._expiry_at = when
+            self._engine.at(when, self._expire, when)
+
+    def _expire(self, when: float) -> None:
+        if when != self._expiry_at:
+            return  # superseded by an earlier expiry event
+        self._expiry_at = math.inf
+        assert self.admission is not None
+        self.admission.expire()
+        self._after_change()
