@@ -72,9 +72,11 @@ class Gradient(LimitAlgorithm):
       minute for the next probe, during which the gradient stays at 2 and the limit
       at ``max_limit``.
     - ``drop_backoff=0.9`` (ours): an interval with a dropped request ends with the
-      limit at most ``floor(0.9 L)``, and dropped latencies are not used. Envoy only
-      sees latencies, so when every request ends at the same timeout the p50 equals
-      the (timeout-inflated) min_rtt, the gradient is 1.25 and the limit climbs.
+      limit at most ``floor(0.9 L)`` (during a probe, drops lower the pinned limit and
+      the one to restore, once per interval), and dropped latencies are not used.
+      Envoy only sees latencies, so when every request ends at the same timeout the
+      p50 equals the (timeout-inflated) min RTT, the gradient is 1.25 and the limit
+      climbs to ``max_limit``.
 
     ``seed`` seeds the jitter (``random.Random(seed)``) so runs are repeatable.
     :meth:`published` returns Envoy's defaults (limit 3 and pinned at start, min 3,
@@ -146,6 +148,7 @@ class Gradient(LimitAlgorithm):
         self._probe_start: float | None = None  # set by the first sample
         self._probe_rtts: list[float] = []
         self._deferred_limit = initial_limit
+        self._probe_backoff_at: float | None = None
         self._limit = max(self.min_limit, min(initial_limit, probe_limit))
         self._next_probe_at: float | None = None
         self._min_streak = 0
@@ -258,6 +261,7 @@ class Gradient(LimitAlgorithm):
         self._probing = True
         self._probe_start = now
         self._probe_rtts = []
+        self._probe_backoff_at = None
         self._deferred_limit = self._limit
         self._limit = max(self.min_limit, min(self._limit, self.probe_limit))
         self._min_streak = 0
@@ -271,6 +275,16 @@ class Gradient(LimitAlgorithm):
         # Requests admitted before the probe ran at the old limit: not a min RTT.
         if rtt is not None and admitted_at >= self._probe_start:
             self._probe_rtts.append(rtt)
+        if sample.dropped and self.drop_backoff is not None:
+            # Overload while measuring (every request timing out, say): back off the
+            # limit to restore, at most once per update interval, and never pin higher.
+            last = self._probe_backoff_at
+            if last is None or now - last >= self.update_interval:
+                self._probe_backoff_at = now
+                self._deferred_limit = self._clamp(
+                    math.floor(self._deferred_limit * self.drop_backoff)
+                )
+                self._limit = min(self._limit, self._deferred_limit)
         gathered = len(self._probe_rtts)
         timed_out = (
             self.probe_timeout is not None
