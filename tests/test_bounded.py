@@ -74,30 +74,40 @@ async def test_at_most_concurrency_calls_and_inputs_taken_only_when_a_slot_frees
     gauge = Gauge()
     rng = random.Random(3)
     concurrency = 7
-    yielded = 0
-    max_held = 0
+    in_flight_at_pull: list[int] = []
 
     async def call(index: int) -> int:
         return await gauge.call(index, rng.uniform(0.0005, 0.003))
 
-    async for _ in bounded_map(call, gauge.source(300), concurrency):
-        yielded += 1
-        max_held = max(max_held, gauge.pulled - yielded)
-    assert yielded == 300
+    def source() -> Iterator[int]:
+        for index in range(300):
+            in_flight_at_pull.append(results.in_flight)
+            yield index
+
+    results = bounded_map(call, source(), concurrency)
+    out = [result async for result in results]
+    assert sorted(out) == list(range(300))
     assert gauge.peak == concurrency
-    # Taken but not yet yielded never exceeds the limit: the next input is pulled
-    # only after a result has been handed over and its slot freed.
-    assert max_held == concurrency
+    # every input was taken while a slot was free, and slots were kept full
+    assert max(in_flight_at_pull) == concurrency - 1
 
 
 async def test_slow_consumer_pauses_the_producer() -> None:
     gauge = Gauge()
     results = bounded_map(lambda index: gauge.call(index, 0), gauge.source(1000), 10)
     first = await results.__anext__()
-    await asyncio.sleep(0.05)  # every call could have finished several times over
+    await asyncio.sleep(0.05)  # every call could have finished many times over
     assert first in range(10)
-    assert gauge.pulled <= 11
-    assert results.held <= 10
+    # finished calls were replaced at once, up to max_held (2 x 10) held results
+    assert results.held == 20
+    assert gauge.pulled == 21
+
+    gauge = Gauge()
+    results = bounded_map(lambda index: gauge.call(index, 0), gauge.source(1000), 10, max_held=12)
+    await results.__anext__()
+    await asyncio.sleep(0.05)
+    assert results.held == 12
+    assert gauge.pulled == 13
     await results.aclose()
 
 
@@ -113,7 +123,7 @@ async def test_ordered_mode_yields_input_order() -> None:
     assert out == list(range(200))
 
 
-async def test_ordered_mode_reorder_window_bounds_what_is_held() -> None:
+async def test_ordered_mode_max_held_bounds_what_is_held() -> None:
     gauge = Gauge()
     max_held = 0
 
@@ -121,7 +131,7 @@ async def test_ordered_mode_reorder_window_bounds_what_is_held() -> None:
         # input 0 blocks the head of the line while the others finish at once
         return await gauge.call(index, 0.05 if index == 0 else 0)
 
-    results = bounded_map(call, gauge.source(100), 4, ordered=True, reorder_window=10)
+    results = bounded_map(call, gauge.source(100), 4, ordered=True, max_held=10)
     out = []
     async for result in results:
         out.append(result)
@@ -132,7 +142,7 @@ async def test_ordered_mode_reorder_window_bounds_what_is_held() -> None:
 
     # while input 0 runs, the producer stops at the window instead of buffering more
     gauge = Gauge()
-    results = bounded_map(call, gauge.source(100), 4, ordered=True, reorder_window=10)
+    results = bounded_map(call, gauge.source(100), 4, ordered=True, max_held=10)
     first = asyncio.ensure_future(results.__anext__())
     await asyncio.sleep(0.02)
     assert not first.done()
@@ -248,9 +258,10 @@ async def test_an_abandoned_iterator_cancels_its_calls_when_collected() -> None:
         break
     gc.collect()
     await asyncio.sleep(0.01)
-    assert len(gauge.started) == 5
+    # input 0 finished (and its slot may have been refilled); the rest were cancelled
+    assert len(gauge.started) in (5, 6)
     assert all(task.done() for task in gauge.started)
-    assert gauge.cancelled == 4
+    assert gauge.cancelled == len(gauge.started) - 1
 
 
 async def test_async_iterable_source() -> None:
@@ -367,7 +378,7 @@ async def test_adaptive_concurrency_samples_each_call_and_follows_the_limit() ->
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": "many"}, "concurrency"),
         ({"concurrency": True}, "concurrency"),
-        ({"reorder_window": 0}, "reorder_window"),
+        ({"max_held": 0}, "max_held"),
     ],
 )
 def test_invalid_configuration_names_the_field(kwargs: dict[str, object], field: str) -> None:

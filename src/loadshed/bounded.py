@@ -66,7 +66,7 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         concurrency: int | LimitAlgorithm,
         ordered: bool,
         return_exceptions: bool,
-        reorder_window: int | None,
+        max_held: int | None,
         dropped_on: tuple[type[BaseException], ...],
         clock: Clock,
     ) -> None:
@@ -85,10 +85,8 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
                 "concurrency",
                 f"must be an int >= 1 or a LimitAlgorithm, got {type(concurrency).__name__}",
             )
-        if reorder_window is not None and (
-            not isinstance(reorder_window, int) or reorder_window < 1
-        ):
-            raise ConfigError("reorder_window", f"must be an int >= 1, got {reorder_window!r}")
+        if max_held is not None and (not isinstance(max_held, int) or max_held < 1):
+            raise ConfigError("max_held", f"must be an int >= 1, got {max_held!r}")
         self._sync_source: Iterator[Any] | None
         self._async_source: AsyncIterator[Any] | None
         if isinstance(iterable, AsyncIterable):
@@ -105,7 +103,7 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         self._fn = fn
         self._ordered = ordered
         self._return_exceptions = return_exceptions
-        self._reorder_window = reorder_window
+        self._max_held = max_held
         self._dropped_on = dropped_on
         self._clock = clock
 
@@ -134,13 +132,14 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             if owner is not None:
                 owner._on_done(future)
 
-        def wake(_: asyncio.Future[Any]) -> None:
+        def on_pulled(_: asyncio.Future[Any]) -> None:
             owner = self_ref()
             if owner is not None:
+                owner._fill()
                 owner._wake()
 
         self._done_callback = on_done
-        self._wake_callback = wake
+        self._pulled_callback = on_pulled
 
     # -- public -----------------------------------------------------------------
 
@@ -213,20 +212,33 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
 
     # -- mechanism ----------------------------------------------------------------
 
-    def _window(self) -> int:
-        if self._reorder_window is not None:
-            return self._reorder_window
-        return 2 * self._limit
-
     def _can_start(self) -> bool:
-        if self._ordered:
-            return len(self._running) < self._limit and self.held < self._window()
-        # Unordered: a finished result not yet taken by the consumer keeps its slot,
-        # so a slow consumer slows the producer instead of growing a result queue.
-        return self.held < self._limit
+        # Finished results wait for the consumer (or, ordered, for an earlier input)
+        # within max_held: a slow consumer or a slow head pauses the producer.
+        max_held = 2 * self._limit if self._max_held is None else self._max_held
+        return len(self._running) < self._limit and self.held < max_held
 
     def _fill(self) -> None:
-        """Start calls while slots are free, pulling inputs one at a time."""
+        """Start calls while slots are free, pulling inputs one at a time.
+
+        Runs from the consumer and from completion callbacks, so a freed slot is
+        refilled at once, even while the consumer is busy.
+        """
+        try:
+            self._fill_slots()
+        except Exception as error:  # the source failed: raised to the consumer
+            self._fail(error)
+
+    def _fail(self, error: BaseException) -> None:
+        """Record the error to raise and cancel every call in flight now."""
+        if self._error is None:
+            self._error = error
+        self._stopping = True
+        for other in self._running:
+            other.cancel()
+        self._wake()
+
+    def _fill_slots(self) -> None:
         while self._error is None and not self._stopping:
             if self._staged is _NOTHING:
                 if self._exhausted:
@@ -246,7 +258,7 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
                         return
                     assert self._async_source is not None
                     self._pull = asyncio.ensure_future(self._async_source.__anext__())
-                    self._pull.add_done_callback(self._wake_callback)
+                    self._pull.add_done_callback(self._pulled_callback)
                 if not self._pull.done():
                     return
                 pull, self._pull = self._pull, None
@@ -305,16 +317,14 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             sample = Sample(rtt=now - started[0], inflight=started[1], dropped=not ok, now=now)
             self._limit = self._algorithm.update(sample)
         if not ok and not self._return_exceptions:
-            if self._error is None:
-                self._error = value
-                # Fail fast: cancel the rest now, not when the consumer next asks.
-                for other in self._running:
-                    other.cancel()
-                self._stopping = True
-        elif self._ordered:
+            # Fail fast: cancel the rest now, not when the consumer next asks.
+            self._fail(value)
+            return
+        if self._ordered:
             self._buffer[index] = (ok, value)
         else:
             self._ready.append((ok, value))
+        self._fill()
         self._wake()
 
     def _take(self) -> Any:
@@ -365,7 +375,7 @@ def bounded_map(
     ordered: bool = ...,
     *,
     return_exceptions: Literal[False] = ...,
-    reorder_window: int | None = ...,
+    max_held: int | None = ...,
     dropped_on: tuple[type[BaseException], ...] = ...,
     clock: Clock = ...,
 ) -> BoundedMap[_R]: ...
@@ -379,7 +389,7 @@ def bounded_map(
     ordered: bool = ...,
     *,
     return_exceptions: Literal[True],
-    reorder_window: int | None = ...,
+    max_held: int | None = ...,
     dropped_on: tuple[type[BaseException], ...] = ...,
     clock: Clock = ...,
 ) -> BoundedMap[_R | BaseException]: ...
@@ -393,7 +403,7 @@ def bounded_map(
     ordered: bool = ...,
     *,
     return_exceptions: bool,
-    reorder_window: int | None = ...,
+    max_held: int | None = ...,
     dropped_on: tuple[type[BaseException], ...] = ...,
     clock: Clock = ...,
 ) -> BoundedMap[_R] | BoundedMap[_R | BaseException]: ...
@@ -406,7 +416,7 @@ def bounded_map(
     ordered: bool = False,
     *,
     return_exceptions: bool = False,
-    reorder_window: int | None = None,
+    max_held: int | None = None,
     dropped_on: tuple[type[BaseException], ...] = DEFAULT_DROPPED_ON,
     clock: Clock = MONOTONIC,
 ) -> BoundedMap[_R] | BoundedMap[_R | BaseException]:
@@ -421,14 +431,14 @@ def bounded_map(
       completed call is a sample (success with its duration; dropped if it raised one
       of ``dropped_on``, by default ``TimeoutError``; other errors are ignored) and the
       limit is read again after each completion.
-    - ``ordered=False``: results in completion order. A finished result waits for the
-      consumer in its slot, so at most ``concurrency`` inputs are held (running or
-      finished) at once: a slow consumer slows the producer.
-    - ``ordered=True``: results in input order. At most ``reorder_window`` inputs
-      (default: twice the current limit) are held between the oldest not yet yielded
-      and the newest started; when the window is full because an early call is slow,
-      no new input is taken until it finishes, so the reorder buffer never holds more
-      than ``reorder_window - 1`` results.
+    - ``ordered=False``: results in completion order; ``ordered=True``: in input
+      order. A slot is refilled as soon as its call ends, even while the consumer is
+      busy, but never beyond ``max_held`` inputs taken and not yet yielded (running,
+      or finished and waiting for the consumer or, ordered, for an earlier input);
+      default twice the current limit. So the results waiting (the reorder buffer)
+      never number more than ``max_held`` (``max_held - 1`` in ordered mode, where
+      the oldest input is still running): a slow consumer or a slow early input
+      pauses the producer instead of growing a buffer.
     - ``return_exceptions=False``: the first exception raised by a call is raised from
       the iteration at once, after every other call still in flight has been
       cancelled and has ended; results not yet taken are discarded.
@@ -444,7 +454,7 @@ def bounded_map(
         concurrency=concurrency,
         ordered=ordered,
         return_exceptions=return_exceptions,
-        reorder_window=reorder_window,
+        max_held=max_held,
         dropped_on=dropped_on,
         clock=clock,
     )
