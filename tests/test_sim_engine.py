@@ -76,7 +76,7 @@ def test_bursts_come_together_at_the_average_rate() -> None:
 
 
 def test_bad_arrivals_name_the_field() -> None:
-    with pytest.raises(ConfigError, match="arrivals.*constant|poisson|bursts"):
+    with pytest.raises(ConfigError, match=r"arrivals: .*allowed: constant\|poisson\|bursts"):
         make_arrivals("weekly", 1.0)
     with pytest.raises(ConfigError, match="rate"):
         Constant(0)
