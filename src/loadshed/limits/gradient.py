@@ -25,6 +25,7 @@ from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
 
 __all__ = ["Gradient"]
 
+_AUTO_INTERVAL_FLOOR = 0.1  # seconds: Envoy's documented update interval
 _MIN_STREAK_TO_PROBE = 5  # Envoy: 5 consecutive sample windows at the minimum
 
 
@@ -51,8 +52,11 @@ class Gradient(LimitAlgorithm):
       enough to make probes painless keeps an overloaded model from ever being shed
       enough to recover (Envoy issues #38338, #46532). The probe pins the limit to
       ``min(L, probe_limit)``, never raising it.
-    - ``update_interval=1.0`` s: model calls take up to seconds; Envoy's usual 100 ms
-      would hold no sample at all for most intervals.
+    - ``update_interval=None`` (ours): each interval lasts ``max(0.1 s, 2 x min_rtt)``,
+      so that it sees the effect of the previous change even for calls of seconds,
+      while fast models still get Envoy's 100 ms. A fixed 100 ms would let a
+      1 s model's limit grow ten times before any latency reflects it; a fixed 1 s
+      would make a 10 ms model ramp up ten times slower than it could.
     - ``percentile=0.5``, ``buffer=0.25``, ``probe_interval=60`` s,
       ``probe_jitter=0.15``: Envoy's values.
     - ``probe_requests=20`` and ``probe_timeout=1.0`` s (ours): the probe ends after 20
@@ -92,7 +96,7 @@ class Gradient(LimitAlgorithm):
         initial_limit: int = 4,
         min_limit: int = 1,
         max_limit: int = 128,
-        update_interval: float = 1.0,
+        update_interval: float | None = None,
         percentile: float = 0.5,
         buffer: float = 0.25,
         probe_interval: float = 60.0,
@@ -106,7 +110,8 @@ class Gradient(LimitAlgorithm):
         seed: int | None = 0,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
-        _positive_seconds("update_interval", update_interval)
+        if update_interval is not None:
+            _positive_seconds("update_interval", update_interval)
         _positive_seconds("probe_interval", probe_interval)
         if probe_timeout is not None:
             _positive_seconds("probe_timeout", probe_timeout)
@@ -187,6 +192,16 @@ class Gradient(LimitAlgorithm):
         return self._min_rtt
 
     @property
+    def interval_length(self) -> float:
+        """The current update interval in seconds (``update_interval``, or the automatic
+        ``max(0.1, 2 x min_rtt)`` when it is None)."""
+        if self.update_interval is not None:
+            return self.update_interval
+        if self._min_rtt is None:
+            return _AUTO_INTERVAL_FLOOR
+        return max(_AUTO_INTERVAL_FLOOR, 2.0 * self._min_rtt)
+
+    @property
     def probing(self) -> bool:
         """True while the limit is pinned to measure the min RTT."""
         return self._probing
@@ -211,7 +226,7 @@ class Gradient(LimitAlgorithm):
                 return self._limit
         if self._interval_start is None:
             self._interval_start = now
-        elif now - self._interval_start >= self.update_interval:
+        elif now - self._interval_start >= self.interval_length:
             self._close_interval(now)
             if self._probing:  # the interval triggered a re-measure
                 self._probe_step(sample, now, rtt if use_latency else None)
@@ -279,7 +294,7 @@ class Gradient(LimitAlgorithm):
             # Overload while measuring (every request timing out, say): back off the
             # limit to restore, at most once per update interval, and never pin higher.
             last = self._probe_backoff_at
-            if last is None or now - last >= self.update_interval:
+            if last is None or now - last >= self.interval_length:
                 self._probe_backoff_at = now
                 self._deferred_limit = self._clamp(
                     math.floor(self._deferred_limit * self.drop_backoff)
