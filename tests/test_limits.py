@@ -586,6 +586,30 @@ def test_our_gradient_probe_never_raises_the_limit_and_ends_on_timeout() -> None
     assert ours.limit == 2
 
 
+@pytest.mark.parametrize(("min_rtt", "interval"), [(0.01, 0.1), (0.1, 0.2), (0.5, 1.0), (3.0, 6.0)])
+def test_our_gradient_interval_is_two_min_rtts_at_least_100ms(
+    min_rtt: float, interval: float
+) -> None:
+    ours = Gradient()
+    assert ours.interval_length == 0.1  # before any measurement
+    measured(ours, min_rtt)
+    assert ours.interval_length == pytest.approx(interval)
+    fixed = Gradient(update_interval=0.3)
+    measured(fixed, min_rtt)
+    assert fixed.interval_length == 0.3
+
+
+def test_our_gradient_interval_spacing_in_practice() -> None:
+    ours = Gradient(initial_limit=3)
+    clocked = measured(ours, 0.5)  # intervals of 1 s
+    limits = []
+    for _ in range(250):  # 2.5 s at the min RTT: two intervals close
+        clocked.send(0.5)
+        limits.append(ours.limit)
+    assert len(set(limits)) == 3  # 3 -> 5 -> 8 (x1.25 + sqrt per interval)
+    assert limits[0] == 3 and limits[99] == 5 and limits[-1] == 8
+
+
 # -- Windowed ----------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@
 Reimplements the rule of Envoy's gradient controller in virtual time (samples carry
 the clock, so intervals close on the first sample after their end):
 
-- every ``update_interval``: ``sample_rtt`` = the ``percentile`` of the interval's
+- every update interval (``update_interval``; by default two min RTTs, at least
+  100 ms): ``sample_rtt`` = the ``percentile`` of the interval's
   latencies; ``gradient = clamp((1 + buffer) x min_rtt / sample_rtt, 0.5, 2)``;
   ``x = gradient x L``; ``L = clamp(floor(x + sqrt(x)), min_limit, max_limit)``
   (``sqrt(x)`` is the burst headroom);
