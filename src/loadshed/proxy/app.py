@@ -1,0 +1,459 @@
+"""The proxy as an ASGI app: forward each request to the upstream the pool chose.
+
+:func:`create_proxy` wraps :class:`ProxyApp` in :class:`LoadShedMiddleware`, whose
+``select=`` asks the pool for an upstream and returns that upstream's limiter, so
+admission (fast 503 + Retry-After, queueing, deadlines, priorities, client-gone
+while queued) is exactly the in-process middleware's. ``ProxyApp`` then:
+
+- streams the request body from ASGI ``receive`` into aiohttp (an async generator,
+  backpressured) and the response chunk by chunk to ASGI ``send``: nothing whole
+  is buffered, so chunked and server-sent-event responses flow as they come;
+- watches the client for the whole exchange: a client that leaves closes the
+  upstream connection (the upstream stops writing to nobody);
+- bounds the wait for the upstream's response headers by the request's deadline
+  (``X-Request-Timeout`` or ``--deadline``) and ``upstream_timeout``, and the gap
+  between body chunks by ``read_timeout``; forwards the time left as
+  ``X-Request-Timeout``;
+- releases the token itself when it knows better than the status code: upstream
+  429/503, refused, reset and timeout are drops; the middleware treats other 5xx
+  as drops and 4xx as ignored.
+
+Keep-alive connections to each upstream are pooled by one aiohttp connector whose
+per-upstream cap is the limit algorithm's ``max_limit``: the limiter admits at most
+``limit`` requests at a time, so the pool holds as many connections as the
+current limit has needed, never a fixed 20.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import aiohttp
+from prometheus_client import Counter
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from yarl import URL
+
+from loadshed.admission import Token
+from loadshed.asgi import LoadShedMiddleware
+from loadshed.clock import Clock
+from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_timeout_seconds
+from loadshed.limiter import Limiter
+from loadshed.limits import make_limit
+from loadshed.metrics import LoadshedMetrics
+from loadshed.proxy.config import ProxyConfig
+from loadshed.proxy.errors import UpstreamFault, classify, error_body, fault_body
+from loadshed.proxy.headers import request_headers, response_headers
+from loadshed.proxy.pool import Upstream, UpstreamPool
+from loadshed.proxy.security import is_origin_form
+
+__all__ = ["ProxyApp", "ProxyMetrics", "create_proxy"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+logger = logging.getLogger("loadshed.proxy")
+
+_UPSTREAM_KEY = "loadshed.upstream"
+_DROP_STATUSES = frozenset({429, 503})  # the upstream shed load: a capacity signal
+_JSON = (b"content-type", b"application/json")
+# aiohttp would add these when absent; a proxy must not invent them.
+_SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+
+
+class ProxyMetrics(Collector):
+    """Per-upstream counters and health, in the proxy's Prometheus registry.
+
+    - ``loadshed_proxy_upstream_responses_total{upstream,code}``: answers by status;
+    - ``loadshed_proxy_upstream_faults_total{upstream,fault}``: refused, reset,
+      connect_timeout, timeout, protocol;
+    - ``loadshed_proxy_upstream_up{upstream}``: 1 live, 0 marked down.
+    """
+
+    def __init__(self, metrics: LoadshedMetrics, pool: UpstreamPool) -> None:
+        self.pool = pool
+        self.responses = Counter(
+            "loadshed_proxy_upstream_responses",
+            "Upstream answers by status code.",
+            ["upstream", "code"],
+            registry=metrics.registry,
+        )
+        self.faults = Counter(
+            "loadshed_proxy_upstream_faults",
+            "Failed upstream exchanges by fault.",
+            ["upstream", "fault"],
+            registry=metrics.registry,
+        )
+        metrics.registry.register(self)
+
+    def collect(self) -> list[Metric]:
+        up = GaugeMetricFamily(
+            "loadshed_proxy_upstream_up", "1 if the upstream is live, 0 if marked down.",
+            labels=["upstream"],
+        )  # fmt: skip
+        for upstream in self.pool.upstreams:
+            up.add_metric([upstream.name], 1.0 if upstream.up else 0.0)
+        return [up]
+
+
+class _Exchange:
+    """One request's upstream exchange, interruptible from outside.
+
+    A client disconnect or the deadline cancels the request's task with a reason;
+    the task sees CancelledError at its next await (wherever the exchange is:
+    connecting, uploading, waiting for headers, streaming) and aiohttp closes the
+    upstream connection. Cancelling the task costs nothing per request, unlike
+    wrapping every exchange in a task of its own.
+    """
+
+    __slots__ = ("_task", "interrupted")
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self._task = task
+        self.interrupted: str | None = None
+
+    def interrupt(self, reason: str) -> None:
+        """Stop the exchange for ``reason`` (``client_gone`` or ``deadline``); first wins."""
+        if self.interrupted is None:
+            self.interrupted = reason
+            self._task.cancel()
+
+    def absorb(self) -> None:
+        """Swallow our own cancellation (Python 3.11+ counts them)."""
+        uncancel = getattr(self._task, "uncancel", None)
+        if uncancel is not None:
+            uncancel()
+
+
+class _ClientWatch:
+    """Owns ASGI ``receive`` for one request: feeds the body, then watches for a disconnect.
+
+    Body chunks go through a small queue, so a slow upstream slows the client's
+    upload (uvicorn pauses reading) instead of filling memory. A disconnect
+    interrupts the exchange.
+    """
+
+    __slots__ = ("_chunks", "_exchange", "_receive", "reader")
+
+    def __init__(self, receive: Receive, exchange: _Exchange) -> None:
+        self._receive = receive
+        self._exchange = exchange
+        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
+        self.reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        body_done = False
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self._exchange.interrupt("client_gone")
+                return
+            if body_done:
+                continue
+            body = message.get("body", b"")
+            if body:
+                await self._chunks.put(bytes(body))
+            if not message.get("more_body", False):
+                body_done = True
+                await self._chunks.put(None)
+
+    async def body(self) -> AsyncIterator[bytes]:
+        """The request body, chunk by chunk, as the client sends it."""
+        while True:
+            chunk = await self._chunks.get()
+            if chunk is None:
+                return
+            yield chunk
+
+    def stop(self) -> None:
+        """Stop watching (before the last response message: after it uvicorn reports a
+        disconnect that is not the client's)."""
+        self.reader.cancel()
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            return value.strip() not in (b"0", b"")
+    return False
+
+
+class ProxyApp:
+    """The forwarding ASGI app; see the module docstring. Use :func:`create_proxy`."""
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        pool: UpstreamPool,
+        metrics: LoadshedMetrics,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.metrics = metrics
+        self.proxy_metrics = ProxyMetrics(metrics, pool)
+        self._session: aiohttp.ClientSession | None = None
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=config.connect_timeout,
+            sock_read=config.read_timeout,
+        )  # fmt: skip
+        self._connections_per_upstream = make_limit(config.limit).max_limit
+
+    # ----------------------------------------------------------- lifecycle
+
+    def session(self) -> aiohttp.ClientSession:
+        """The shared upstream session (created on first use, in the running loop)."""
+        if self._session is None or self._session.closed:
+            per_upstream = self._connections_per_upstream
+            connector = aiohttp.TCPConnector(
+                limit=per_upstream * len(self.pool.upstreams),
+                limit_per_host=per_upstream,
+                keepalive_timeout=30.0,
+                ttl_dns_cache=60,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=self._timeout,
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),  # never carry one client's cookies to another
+                skip_auto_headers=_SKIP_AUTO_HEADERS,
+                trust_env=False,  # never route through an environment proxy
+            )
+        return self._session
+
+    async def aclose(self) -> None:
+        """Close upstream connections and stop health probes."""
+        await self.pool.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # -------------------------------------------------------------- serving
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":  # websockets are not proxied
+            return
+        if not is_origin_form(scope):
+            await _send_error(send, 400, error_body("bad_request", _NOT_ORIGIN_FORM))
+            return
+        upstream: Upstream | None = scope.get(_UPSTREAM_KEY)
+        if upstream is None:
+            await _send_error(
+                send,
+                503,
+                error_body("no_upstream", "every upstream is marked down; retry later"),
+                retry_after=self.config.probe_interval,
+            )
+            return
+        token: Token | None = scope.get("loadshed.token")
+        await self._forward(scope, receive, send, upstream, token)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.session()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _remaining(self, scope: Scope, token: Token | None, clock: Clock) -> float | None:
+        """Seconds left before the request's deadline, or None without one."""
+        if token is None:
+            return None
+        timeout = self.config.deadline
+        for name, value in scope.get("headers", ()):
+            try:
+                if name == b"x-request-timeout":
+                    timeout = parse_timeout_seconds(value.decode("latin-1"))
+                elif name == b"grpc-timeout":
+                    timeout = parse_grpc_timeout(value.decode("latin-1"))
+            except HeaderError:
+                pass  # the middleware counted it; like it, ignore the value
+        if timeout is None:
+            return None
+        arrived = token.admitted_at - token.queue_wait
+        return arrived + timeout - clock.now()
+
+    async def _forward(
+        self, scope: Scope, receive: Receive, send: Send, upstream: Upstream, token: Token | None
+    ) -> None:
+        remaining = self._remaining(scope, token, upstream.limiter.clock)
+        wait_limit = self.config.upstream_timeout
+        if remaining is not None:
+            wait_limit = min(wait_limit, remaining)
+        if wait_limit <= 0:
+            self._fault(upstream, token, UpstreamFault.TIMEOUT)
+            await _send_error(
+                send, 504, fault_body(UpstreamFault.TIMEOUT, "deadline already passed")
+            )
+            return
+        query = scope.get("query_string", b"")
+        target = upstream.url.prefix.encode() + scope["raw_path"] + (b"?" + query if query else b"")
+        url = URL(upstream.url.origin + target.decode("latin-1"), encoded=True)
+        headers = request_headers(scope, upstream.url.host_header, remaining)
+        task = asyncio.current_task()
+        assert task is not None
+        exchange = _Exchange(task)
+        watch = _ClientWatch(receive, exchange)
+        timer = asyncio.get_running_loop().call_later(wait_limit, exchange.interrupt, "deadline")
+        response: aiohttp.ClientResponse | None = None
+        try:
+            try:
+                response = await self.session().request(
+                    scope["method"],
+                    url,
+                    headers=headers,
+                    data=watch.body() if _has_body(scope) else None,
+                    allow_redirects=False,
+                )
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                timer.cancel()
+                watch.stop()
+                fault = classify(error)
+                self._fault(upstream, token, fault)
+                await _send_error(send, fault.status, fault_body(fault))
+                return
+            timer.cancel()  # the deadline bounds the wait for headers, not a stream's length
+            self.pool.answered(upstream)
+            status = response.status
+            self.proxy_metrics.responses.labels(upstream.name, str(status)).inc()
+            if token is not None and status in _DROP_STATUSES:
+                token.dropped()
+            await self._stream_response(response, send, watch, upstream, token)
+        except asyncio.CancelledError:
+            if exchange.interrupted is None:
+                raise
+            exchange.absorb()
+            timer.cancel()
+            watch.stop()
+            if exchange.interrupted == "deadline" and response is None:
+                self._fault(upstream, token, UpstreamFault.TIMEOUT)
+                detail = f"no response headers within {wait_limit:.3g}s"
+                await _send_error(send, 504, fault_body(UpstreamFault.TIMEOUT, detail))
+            elif token is not None:
+                token.ignored()  # the client left: says nothing about the upstream
+        finally:
+            timer.cancel()
+            watch.stop()
+            if response is not None:
+                if response.content.at_eof():
+                    response.release()  # back to the keep-alive pool
+                else:
+                    response.close()  # cut short: the connection cannot be reused
+
+    async def _stream_response(
+        self,
+        response: aiohttp.ClientResponse,
+        send: Send,
+        watch: _ClientWatch,
+        upstream: Upstream,
+        token: Token | None,
+    ) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": response.status,
+                "headers": response_headers(response.raw_headers),
+            }
+        )
+        content = response.content
+        while True:
+            try:
+                chunk = await content.readany()
+            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                # Headers are gone already: all that is left is to cut the response short.
+                fault = classify(error)
+                self._fault(upstream, token, fault)
+                logger.warning("upstream %s failed mid-response: %s", upstream.name, fault)
+                return
+            last = not chunk or content.at_eof()
+            if last:
+                watch.stop()
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if last:
+                return
+
+    def _fault(self, upstream: Upstream, token: Token | None, fault: UpstreamFault) -> None:
+        self.proxy_metrics.faults.labels(upstream.name, fault.value).inc()
+        if fault.connection_failure:
+            self.pool.connection_failed(upstream)
+        if token is not None:
+            token.dropped()
+
+
+_NOT_ORIGIN_FORM = (
+    "request target must be a path (origin-form, /path?query); "
+    "absolute URLs, CONNECT and * are refused: this is not a forward proxy"
+)
+
+
+async def _send_error(
+    send: Send, status: int, body: bytes, retry_after: float | None = None
+) -> None:
+    headers = [_JSON, (b"content-length", str(len(body)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(max(1, math.ceil(retry_after))).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def create_proxy(
+    config: ProxyConfig, *, metrics: LoadshedMetrics | None = None
+) -> tuple[LoadShedMiddleware, ProxyApp]:
+    """Build the proxy: the admission middleware (the ASGI app to serve) and the
+    forwarding app inside it (for its pool, metrics and ``aclose``)."""
+    metrics = metrics if metrics is not None else LoadshedMetrics()
+    upstreams = [
+        Upstream(
+            url,
+            Limiter(
+                config.limit,
+                name=str(url),
+                max_queue=config.max_queue,
+                max_queue_wait=config.max_queue_wait,
+            ),
+        )
+        for url in config.upstreams
+    ]
+    pool = UpstreamPool(
+        upstreams,
+        fail_threshold=config.fail_threshold,
+        probe_interval=config.probe_interval,
+        connect_timeout=config.connect_timeout,
+    )
+    proxy = ProxyApp(config, pool, metrics)
+
+    def select(scope: Scope) -> Limiter | None:
+        if not is_origin_form(scope):
+            return None  # refused by the app before it costs any capacity
+        upstream = pool.choose()
+        if upstream is None:
+            return None
+        scope[_UPSTREAM_KEY] = upstream
+        return upstream.limiter
+
+    middleware = LoadShedMiddleware(
+        proxy,
+        limiter=upstreams[0].limiter,
+        select=select,
+        exclude=(),  # every path belongs to the upstream
+        reject_status=config.reject_status,
+        max_body_bytes=config.max_body_bytes,
+        default_timeout=config.deadline,
+        metrics=metrics,
+    )
+    metrics.track_all(u.limiter for u in upstreams)
+    return middleware, proxy

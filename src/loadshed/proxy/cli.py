@@ -1,0 +1,269 @@
+"""``loadshed proxy``: the reverse proxy from the command line.
+
+    loadshed proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:9000 \\
+        --limit little --deadline 2.5s --metrics-port 9100
+
+Runs uvicorn (uvloop, httptools with bounded request heads) on ``--listen`` and,
+with ``--metrics-port``, a Prometheus endpoint (``/metrics``) and ``/health`` on a
+second port in the same process. Bad flags exit 2 with one line naming the flag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Coroutine
+from typing import Any
+
+import click
+import uvicorn
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from loadshed.errors import ConfigError
+from loadshed.proxy.app import ProxyApp, create_proxy
+from loadshed.proxy.config import ProxyConfig, parse_listen, parse_upstream
+from loadshed.proxy.security import bounded_protocol
+from loadshed.units import DURATION
+
+__all__ = ["proxy", "server_config"]
+
+
+class _OneLineCommand(click.Command):
+    """Usage errors as one line (``Error: --limit: unknown limit 'turbo'; allowed: ...``)."""
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:  # fmt: skip
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            exc.ctx = None  # no "Usage: ..." preamble, just the error line
+            raise
+
+
+def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Config:
+    """The uvicorn configuration the CLI serves the proxy with (tests use it too)."""
+    options: dict[str, Any] = {
+        "host": config.host,
+        "port": config.port,
+        "http": bounded_protocol(config.max_request_line, config.max_header_bytes),
+        "loop": "uvloop",
+        "lifespan": "on",
+        "server_header": False,  # the upstream's Server and Date pass through
+        "date_header": False,
+        "access_log": False,
+        "log_level": "warning",
+        "backlog": 4096,
+    }
+    options.update(overrides)
+    return uvicorn.Config(app, **options)
+
+
+async def _serve_metrics(proxy: ProxyApp, host: str, port: int) -> tuple[web.AppRunner, int]:
+    registry = proxy.metrics.registry
+
+    async def metrics(request: web.Request) -> web.Response:
+        response = web.Response(body=generate_latest(registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def health(request: web.Request) -> web.Response:
+        upstreams = {u.name: {"up": u.up, "limit": u.limiter.limit} for u in proxy.pool.upstreams}
+        live = any(u.up for u in proxy.pool.upstreams)
+        return web.Response(
+            text=json.dumps({"status": "ok" if live else "no_upstream", "upstreams": upstreams}),
+            status=200 if live else 503,
+            content_type="application/json",
+        )
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1] if runner.addresses else port
+    return runner, int(bound)
+
+
+async def _run(config: ProxyConfig) -> None:
+    app, proxy = create_proxy(config)
+    server = uvicorn.Server(server_config(app, config))
+    metrics_runner: web.AppRunner | None = None
+    try:
+        if config.metrics_port is not None:
+            metrics_runner, metrics_port = await _serve_metrics(
+                proxy, config.metrics_host, config.metrics_port
+            )
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started and not serving.done():  # noqa: ASYNC110 (uvicorn has no event)
+            await asyncio.sleep(0.02)
+        if serving.done():
+            await serving
+            raise click.ClickException(f"--listen: could not serve on {config.host}:{config.port}")
+        port = server.servers[0].sockets[0].getsockname()[1]
+        upstreams = ", ".join(str(u) for u in config.upstreams)
+        line = (
+            f"loadshed proxy on http://{config.host}:{port} -> {upstreams} (limit {config.limit})"
+        )
+        if metrics_runner is not None:
+            line += f"; metrics on http://{config.metrics_host}:{metrics_port}/metrics"
+        click.echo(line, err=True)
+        await serving
+    finally:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        await proxy.aclose()
+
+
+def _to_config(**values: Any) -> ProxyConfig:
+    try:
+        upstreams = tuple(parse_upstream(u) for u in values.pop("upstream"))
+        host, port = parse_listen(values.pop("listen"))
+        return ProxyConfig(upstreams=upstreams, host=host, port=port, **values)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+@click.command(cls=_OneLineCommand)
+@click.option(
+    "--upstream",
+    "-u",
+    multiple=True,
+    required=True,
+    metavar="URL",
+    help="Upstream base URL (repeatable): http://host:port[/prefix].",
+)
+@click.option(
+    "--listen",
+    "-l",
+    default="127.0.0.1:9000",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Address to serve on (port 0: any free port).",
+)
+@click.option(
+    "--limit",
+    default="little",
+    show_default=True,
+    help="Limit per upstream: little|aimd|vegas|gradient2|gradient|fixed:N.",
+)
+@click.option(
+    "--max-queue",
+    type=int,
+    default=1000,
+    show_default=True,
+    help="Requests that may wait per upstream; beyond it, 503 at once.",
+)
+@click.option(
+    "--max-queue-wait",
+    type=DURATION,
+    default=None,
+    help="Longest wait in the queue (default: from the learned service time).",
+)
+@click.option(
+    "--deadline",
+    type=DURATION,
+    default=None,
+    help="Deadline for requests without X-Request-Timeout (e.g. 2.5s).",
+)
+@click.option(
+    "--upstream-timeout",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="Longest wait for an upstream's response headers.",
+)
+@click.option(
+    "--connect-timeout",
+    type=DURATION,
+    default="2s",
+    show_default=True,
+    help="Longest wait for a connection to an upstream.",
+)
+@click.option(
+    "--read-timeout",
+    type=DURATION,
+    default="30s",
+    show_default=True,
+    help="Longest silence between two body chunks from an upstream.",
+)
+@click.option(
+    "--fail-threshold",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Consecutive connection failures that mark an upstream down.",
+)
+@click.option(
+    "--probe-interval",
+    type=DURATION,
+    default="1s",
+    show_default=True,
+    help="How often a down upstream is probed (TCP connect).",
+)
+@click.option(
+    "--max-request-line",
+    type=int,
+    default=8192,
+    show_default=True,
+    help="Longest request target, bytes (414 beyond).",
+)
+@click.option(
+    "--max-header-bytes",
+    type=int,
+    default=65536,
+    show_default=True,
+    help="Largest request header block, bytes (431 beyond).",
+)
+@click.option(
+    "--max-body-bytes",
+    type=int,
+    default=8 << 20,
+    show_default=True,
+    help="Largest request body, bytes (413 beyond); queued bodies are buffered.",
+)
+@click.option(
+    "--reject-status",
+    type=click.Choice(["503", "429"]),
+    default="503",
+    show_default=True,
+    help="Status of fast rejections.",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve Prometheus /metrics and /health on this port.",
+)
+@click.option(
+    "--metrics-host", default="127.0.0.1", show_default=True, help="Address for --metrics-port."
+)
+def proxy(**values: Any) -> None:  # fmt: skip
+    """Reverse proxy with admission control in front of any HTTP model server.
+
+    Each upstream gets its own adaptive limit; requests beyond what it holds are
+    queued briefly or refused at once with 503 + Retry-After.
+    """
+    values["reject_status"] = int(values["reject_status"])
+    config = _to_config(**values)
+    try:
+        _run_loop(_run(config))
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:  # e.g. the port is taken
+        click.echo(f"Error: --listen/--metrics-port: {exc.strerror or exc}", err=True)
+        sys.exit(1)
+
+
+def _run_loop(main: Coroutine[Any, Any, None]) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] brings it
+        asyncio.run(main)
+        return
+    uvloop.run(main)

@@ -1,0 +1,160 @@
+"""The proxy's settings, validated at construction: every bad value raises
+:class:`~loadshed.errors.ConfigError` naming the flag and what is allowed."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from loadshed.errors import ConfigError
+from loadshed.limits import make_limit
+
+__all__ = ["ProxyConfig", "UpstreamURL", "parse_listen", "parse_upstream"]
+
+_SCHEMES = ("http", "https")
+
+
+@dataclass(frozen=True)
+class UpstreamURL:
+    """A validated upstream base URL: scheme, host, port and an optional path prefix."""
+
+    scheme: str
+    host: str
+    port: int
+    prefix: str
+
+    @property
+    def origin(self) -> str:
+        """``scheme://host:port`` (IPv6 hosts in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
+
+    @property
+    def host_header(self) -> str:
+        """The Host header the upstream expects."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return self.origin + self.prefix
+
+
+def parse_upstream(text: str, flag: str = "--upstream") -> UpstreamURL:
+    """Parse ``http://host:port[/prefix]``; raise ConfigError naming ``flag`` otherwise."""
+    allowed = "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8000"
+    try:
+        parts = urlsplit(text.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(
+            flag, f"{text!r} is not a valid URL ({exc}); expected {allowed}"
+        ) from None
+    if parts.scheme not in _SCHEMES or not parts.hostname:
+        raise ConfigError(flag, f"{text!r} is not a URL; expected {allowed}")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ConfigError(flag, f"{text!r}: no query, fragment or credentials; expected {allowed}")
+    if port is None:
+        port = 443 if parts.scheme == "https" else 80
+    return UpstreamURL(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+
+def parse_listen(text: str, flag: str = "--listen") -> tuple[str, int]:
+    """Parse ``host:port`` (``[::1]:9000`` for IPv6); port 0 picks a free one."""
+    allowed = "HOST:PORT, e.g. 127.0.0.1:9000 or [::1]:9000 (port 0..65535)"
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise ConfigError(flag, f"got {text!r}; expected {allowed}")
+    if host.startswith("["):
+        if not host.endswith("]"):
+            raise ConfigError(flag, f"got {text!r}; expected {allowed}")
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(flag, f"got {text!r}; expected {allowed}") from None
+    elif ":" in host:
+        raise ConfigError(flag, f"got {text!r}: put IPv6 hosts in brackets; expected {allowed}")
+    return host, int(port_text)
+
+
+def _positive(value: float | None, flag: str, *, allow_none: bool = True) -> None:
+    if value is None:
+        if not allow_none:
+            raise ConfigError(flag, "required: a duration > 0, e.g. 2.5s or 500ms")
+        return
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(flag, f"must be a duration > 0, e.g. 2.5s or 500ms; got {value!r}")
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Everything ``loadshed proxy`` needs; see ``loadshed proxy --help`` for each field.
+
+    Defaults and why:
+    - ``limit="little"``: each upstream's capacity is learned, no number to guess.
+    - ``deadline=None``: requests without ``X-Request-Timeout`` get the patience the
+      limiter learns from clients that gave up; ``upstream_timeout`` still bounds
+      the wait for the upstream's response headers (30 s).
+    - ``fail_threshold=3`` consecutive connection failures mark an upstream down;
+      it is probed with a TCP connect every ``probe_interval`` (1 s).
+    - ``max_request_line`` 8 KiB and ``max_header_bytes`` 64 KiB: what nginx and
+      most servers accept; larger get 414 / 431.
+    - ``max_body_bytes`` 8 MiB: a queued request's body is buffered (to notice a
+      disconnect while it waits), so this bounds memory per queued request.
+    """
+
+    upstreams: tuple[UpstreamURL, ...]
+    host: str = "127.0.0.1"
+    port: int = 9000
+    limit: str = "little"
+    max_queue: int = 1000
+    max_queue_wait: float | None = None
+    deadline: float | None = None
+    upstream_timeout: float = 30.0
+    connect_timeout: float = 2.0
+    read_timeout: float = 30.0
+    fail_threshold: int = 3
+    probe_interval: float = 1.0
+    max_request_line: int = 8192
+    max_header_bytes: int = 65536
+    max_body_bytes: int = 8 << 20
+    reject_status: int = 503
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.upstreams:
+            raise ConfigError("--upstream", "at least one upstream URL is required")
+        keys = [str(u) for u in self.upstreams]
+        if len(set(keys)) != len(keys):
+            raise ConfigError("--upstream", f"listed twice: {sorted(keys)}")
+        try:
+            make_limit(self.limit)
+        except ConfigError as exc:  # name the flag, keep the allowed values
+            raise ConfigError("--limit", str(exc).removeprefix("limit: ")) from None
+        if self.max_queue < 0:
+            raise ConfigError("--max-queue", f"must be an integer >= 0, got {self.max_queue}")
+        _positive(self.max_queue_wait, "--max-queue-wait")
+        _positive(self.deadline, "--deadline")
+        _positive(self.upstream_timeout, "--upstream-timeout", allow_none=False)
+        _positive(self.connect_timeout, "--connect-timeout", allow_none=False)
+        _positive(self.read_timeout, "--read-timeout", allow_none=False)
+        _positive(self.probe_interval, "--probe-interval", allow_none=False)
+        if self.fail_threshold < 1:
+            raise ConfigError(
+                "--fail-threshold", f"must be an integer >= 1, got {self.fail_threshold}"
+            )
+        for flag, value, low in (
+            ("--max-request-line", self.max_request_line, 64),
+            ("--max-header-bytes", self.max_header_bytes, 256),
+            ("--max-body-bytes", self.max_body_bytes, 0),
+        ):
+            if value < low:
+                raise ConfigError(flag, f"must be an integer >= {low}, got {value}")
+        if self.reject_status not in (429, 503):
+            raise ConfigError("--reject-status", f"got {self.reject_status}, allowed: 429|503")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("--metrics-port", f"must be 0..65535, got {self.metrics_port}")
