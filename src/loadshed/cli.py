@@ -13,7 +13,9 @@ import click
 __all__ = ["main"]
 
 # command name -> "module:attribute" of a click command
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {
+    "proxy": "loadshed.proxy.cli:proxy",
+}
 
 
 class LazyGroup(click.Group):
