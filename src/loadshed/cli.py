@@ -15,6 +15,9 @@ __all__ = ["main"]
 # command name -> "module:attribute" of a click command
 COMMANDS: dict[str, str] = {
     "proxy": "loadshed.proxy.cli:proxy",
+    "simulate": "loadshed.sim.cli:simulate",
+    "demo": "loadshed.sim.cli:demo",
+    "plan": "loadshed.sim.plan:plan",
 }
 
 
