@@ -344,8 +344,10 @@ def test_peer_floor_of_20_cannot_protect_a_one_worker_model(
     assert peer_run.succeeded() < 0.15 * capacity
     assert our_run.succeeded() > 0.4 * capacity
     assert our_run.succeeded() > 4 * peer_run.succeeded()
-    # Known limit of loss-based rules: ours still finds the limit by causing timeouts
-    # (about 40 % of admitted requests here). The latency-based rules do better:
+    # Known limit: ours still find the limit by causing timeouts (AIMD by design,
+    # Gradient2 by tolerating 1.5x latency): over 30 % of admitted requests time out.
+    assert our_run.dropped() > 0.3 * our_run.admitted
+    # The Envoy-style rule, which compares with a measured minimum, does better:
     envoy_style = run_server(
         Gradient(), steady(3, 60), workers=1, service=lambda t: 0.5, timeout=2.0
     )
