@@ -1,0 +1,328 @@
+"""The load generator's commands: ``bench``, ``sweep``, ``capacity`` and ``report``.
+
+Exit codes: 0 ok; 1 an SLO failed (or no rate met it); 2 bad input (one line naming the flag);
+3 the generator could not drive the load or failed itself (no result is reported as valid).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.live import Live
+
+from loadshed.errors import ConfigError
+from loadshed.loadgen.engine import LiveCounters
+from loadshed.loadgen.options import ARRIVALS, DEFAULT_MAX_LAG_S, BenchOptions
+from loadshed.loadgen.render import progress_line, result_tables, verdict_text
+from loadshed.loadgen.results import RunResult, merge_results
+from loadshed.loadgen.runner import GeneratorError, GeneratorSaturated, run_bench
+from loadshed.loadgen.slo import SLO, parse_slo
+from loadshed.units import DURATION
+
+__all__ = ["bench", "report"]
+
+EXIT_SLO_FAILED = 1
+EXIT_USAGE = 2
+EXIT_GENERATOR = 3
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class OneLineErrors(click.Command):
+    """A command whose usage errors print as one line (``Error: --rate: must be > 0``)."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            exc.ctx = None
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        except click.UsageError as exc:
+            exc.ctx = None
+            raise
+
+
+def _request_options(func: F) -> F:
+    """Options shared by every command that sends load."""
+    decorators = [
+        click.option("--method", "-m", default="GET", show_default=True, help="HTTP method."),
+        click.option(
+            "--header",
+            "-H",
+            "headers",
+            multiple=True,
+            metavar="'NAME: VALUE'",
+            help="Request header (repeatable).",
+        ),
+        click.option("--body", default=None, help="Request body (a string)."),
+        click.option(
+            "--body-file",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            default=None,
+            help="Request body read from a file.",
+        ),
+        click.option(
+            "--timeout",
+            type=DURATION,
+            default="2s",
+            show_default=True,
+            help="Client timeout: the request is abandoned, its connection closed, and it "
+            "counts as a timeout with latency = timeout.",
+        ),
+        click.option(
+            "--send-deadline",
+            is_flag=True,
+            help="Send X-Request-Timeout (seconds) equal to --timeout.",
+        ),
+        click.option(
+            "--arrival",
+            type=click.Choice(ARRIVALS),
+            default="constant",
+            show_default=True,
+            help="Open loop arrivals: evenly spaced or Poisson.",
+        ),
+        click.option(
+            "--max-inflight",
+            type=int,
+            default=None,
+            help="Open loop: at most this many outstanding requests; arrivals beyond it are "
+            "counted as not sent.",
+        ),
+        click.option(
+            "--processes",
+            "-p",
+            type=int,
+            default=1,
+            show_default=True,
+            help="Worker processes sharing the load (histograms merge exactly).",
+        ),
+        click.option("--pid", type=int, default=None, help="Server PID: sample its CPU % and RSS."),
+        click.option("--seed", type=int, default=None, help="Seed for Poisson arrivals."),
+        click.option(
+            "--max-lag",
+            type=DURATION,
+            default=f"{DEFAULT_MAX_LAG_S * 1e3:g}ms",
+            show_default=True,
+            help="Open loop: refuse the run when the p99 of the lag behind the schedule "
+            "exceeds this.",
+        ),
+        click.option("--quiet", "-q", is_flag=True, help="No live progress line."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def _parse_headers(headers: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    parsed = []
+    for header in headers:
+        name, sep, value = header.partition(":")
+        if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+            raise ConfigError("--header", f"{header!r} is not 'Name: value'")
+        parsed.append((name.strip(), value.strip()))
+    return tuple(parsed)
+
+
+def _body(body: str | None, body_file: Path | None) -> bytes | None:
+    if body is not None and body_file is not None:
+        raise ConfigError("--body/--body-file", "give one or the other")
+    if body_file is not None:
+        return body_file.read_bytes()
+    return body.encode() if body is not None else None
+
+
+def _options(
+    url: str,
+    *,
+    clients: int | None,
+    rate: float | None,
+    duration: float,
+    warmup: float,
+    common: dict[str, Any],
+) -> BenchOptions:
+    return BenchOptions(
+        url=url,
+        clients=clients,
+        rate=rate,
+        arrival=common["arrival"],
+        duration_s=duration,
+        warmup_s=warmup,
+        timeout_s=common["timeout"],
+        method=common["method"].upper(),
+        headers=_parse_headers(common["headers"]),
+        body=_body(common["body"], common["body_file"]),
+        send_deadline=common["send_deadline"],
+        max_inflight=common["max_inflight"],
+        processes=common["processes"],
+        seed=common["seed"],
+        max_lag_s=common["max_lag"],
+    )
+
+
+def _check_pid(pid: int | None) -> None:
+    if pid is not None:
+        from loadshed.loadgen.usage import check_pid
+
+        check_pid(pid)
+
+
+@contextmanager
+def _live(console: Console, quiet: bool) -> Iterator[Callable[[LiveCounters], None] | None]:
+    """A rich live progress line on stderr (only on a terminal, and not with --quiet)."""
+    if quiet or not console.is_terminal:
+        yield None
+        return
+    with Live(
+        progress_line(LiveCounters()), console=console, refresh_per_second=4, transient=True
+    ) as live:
+
+        def update(counters: LiveCounters) -> None:
+            live.update(progress_line(counters))
+
+        yield update
+
+
+def _run_one(options: BenchOptions, pid: int | None, quiet: bool, err: Console) -> RunResult:
+    """Run with a progress line; exit 3 with one clear line when the generator fails."""
+    with _live(err, quiet) as update:
+        try:
+            return run_bench(options, on_progress=update, pid=pid)
+        except (GeneratorSaturated, GeneratorError) as exc:
+            click.echo(f"Error: {exc}", err=True)
+            sys.exit(EXIT_GENERATOR)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def _print_verdict(console: Console, slo: SLO | None, result: RunResult) -> bool:
+    if slo is None:
+        return True
+    verdicts = slo.evaluate(result)
+    console.print(verdict_text(verdicts))
+    passed = all(v.passed for v in verdicts)
+    console.print(
+        "SLO: PASS" if passed else "SLO: FAIL", style="bold green" if passed else "bold red"
+    )
+    return passed
+
+
+# -- bench -------------------------------------------------------------------------------------
+
+
+@click.command(cls=OneLineErrors)
+@click.argument("url")
+@click.option("--clients", "-c", type=int, default=None, help="Closed loop: concurrent clients.")
+@click.option("--rate", "-r", type=float, default=None, help="Open loop: requests per second.")
+@click.option(
+    "--duration", "-d", type=DURATION, default="10s", show_default=True, help="Measured window."
+)
+@click.option(
+    "--warmup",
+    "-w",
+    type=DURATION,
+    default="1s",
+    show_default=True,
+    help="Run this long first and exclude it from the results.",
+)
+@_request_options
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write every figure and the encoded histograms here.",
+)
+@click.option(
+    "--slo",
+    default=None,
+    help="Objectives, e.g. 'p99<200ms,errors<0.1%,goodput>=390': PASS/FAIL per clause, "
+    "exit 1 on failure.",
+)
+def bench(
+    url: str,
+    clients: int | None,
+    rate: float | None,
+    duration: float,
+    warmup: float,
+    json_path: Path | None,
+    slo: str | None,
+    **common: Any,
+) -> None:
+    """Send load to URL: closed loop (--clients) or open loop (--rate), and report.
+
+    Open-loop latency is measured from each request's intended send time, so a stalled server
+    cannot hide its stall; the run is refused if the generator falls behind its schedule.
+    """
+    objectives = parse_slo(slo) if slo is not None else None
+    options = _options(
+        url, clients=clients, rate=rate, duration=duration, warmup=warmup, common=common
+    )
+    _check_pid(common["pid"])
+    out, err = Console(), Console(stderr=True)
+    result = _run_one(options, common["pid"], common["quiet"], err)
+    for table in result_tables(result, title=f"loadshed bench {url}"):
+        out.print(table)
+    if json_path is not None:
+        _write_json(json_path, result.to_json())
+    if not _print_verdict(out, objectives, result):
+        sys.exit(EXIT_SLO_FAILED)
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+@click.command(cls=OneLineErrors)
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the merged result here.",
+)
+@click.option("--slo", default=None, help="Objectives to check against the merged result.")
+def report(files: tuple[Path, ...], json_path: Path | None, slo: str | None) -> None:
+    """Merge result JSON files from concurrent runs (processes, hosts) into one report.
+
+    Counts add, HDR histograms merge exactly, rates add (the runs overlap in time).
+    """
+    objectives = parse_slo(slo) if slo is not None else None
+    results = []
+    for path in files:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(str(path), f"cannot read JSON ({exc})") from None
+        results.append(RunResult.from_json(data, source=str(path)))
+    merged = merge_results(results)
+    out = Console()
+    for table in result_tables(merged, title=f"loadshed report ({len(files)} file(s))"):
+        out.print(table)
+    if json_path is not None:
+        _write_json(json_path, merged.to_json())
+    if not _print_verdict(out, objectives, merged):
+        sys.exit(EXIT_SLO_FAILED)

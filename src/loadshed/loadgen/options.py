@@ -1,0 +1,142 @@
+"""What a load run does: validated options shared by ``bench``, ``sweep`` and ``capacity``.
+
+Invalid options fail here, at construction, with a :class:`ConfigError` naming the flag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+from urllib.parse import urlsplit
+
+from loadshed.errors import ConfigError
+
+__all__ = [
+    "ARRIVALS",
+    "DEFAULT_MAX_LAG_S",
+    "REJECTED_STATUSES",
+    "Arrival",
+    "BenchOptions",
+    "validate_url",
+]
+
+Arrival = Literal["constant", "poisson"]
+ARRIVALS: tuple[Arrival, ...] = ("constant", "poisson")
+
+DEFAULT_MAX_LAG_S = 0.05
+"""Default bound on the p99 of the open loop's lag behind its schedule. Past it the generator,
+not the target, is shaping the load, so the run is refused (timer jitter is ~1 ms)."""
+
+REJECTED_STATUSES = frozenset({429, 503})
+"""Statuses counted as rejections (load shedding), whose latency is tracked separately."""
+
+
+def validate_url(url: str, field: str = "URL") -> str:
+    """Return ``url`` if it is an absolute http(s) URL with a host, else raise ConfigError."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(field, f"{url!r} is not an http:// or https:// URL with a host")
+    try:
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError:
+        raise ConfigError(field, f"{url!r} has a malformed port") from None
+    return url
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    """One load run against one URL.
+
+    Exactly one of ``clients`` (closed loop) and ``rate`` (open loop) is set.
+    ``duration_s`` is the measured window; ``warmup_s`` runs before it and is excluded.
+    """
+
+    url: str
+    clients: int | None = None
+    rate: float | None = None
+    arrival: Arrival = "constant"
+    duration_s: float = 10.0
+    warmup_s: float = 0.0
+    timeout_s: float = 2.0
+    method: str = "GET"
+    headers: tuple[tuple[str, str], ...] = ()
+    body: bytes | None = None
+    send_deadline: bool = False
+    max_inflight: int | None = None
+    processes: int = 1
+    seed: int | None = None
+    max_lag_s: float = DEFAULT_MAX_LAG_S
+
+    def __post_init__(self) -> None:
+        validate_url(self.url)
+        if (self.clients is None) == (self.rate is None):
+            raise ConfigError("--clients/--rate", "give exactly one: --clients C or --rate R")
+        if self.clients is not None and self.clients < 1:
+            raise ConfigError("--clients", f"must be >= 1, got {self.clients}")
+        if self.rate is not None and (not math.isfinite(self.rate) or self.rate <= 0):
+            raise ConfigError("--rate", f"must be > 0 requests/s, got {self.rate}")
+        if self.arrival not in ARRIVALS:
+            raise ConfigError("--arrival", f"must be one of {', '.join(ARRIVALS)}")
+        if not self.duration_s > 0:
+            raise ConfigError("--duration", f"must be > 0, got {self.duration_s}")
+        if self.warmup_s < 0:
+            raise ConfigError("--warmup", f"must be >= 0, got {self.warmup_s}")
+        if not self.timeout_s > 0:
+            raise ConfigError("--timeout", f"must be > 0, got {self.timeout_s}")
+        if not self.method.isalpha():
+            raise ConfigError("--method", f"{self.method!r} is not an HTTP method")
+        if self.max_inflight is not None:
+            if self.max_inflight < 1:
+                raise ConfigError("--max-inflight", f"must be >= 1, got {self.max_inflight}")
+            if self.rate is None:
+                raise ConfigError("--max-inflight", "applies to the open loop (--rate) only")
+        if self.processes < 1:
+            raise ConfigError("--processes", f"must be >= 1, got {self.processes}")
+        if self.clients is not None and self.processes > self.clients:
+            raise ConfigError(
+                "--processes", f"{self.processes} processes need at least as many --clients"
+            )
+        if not self.max_lag_s > 0:
+            raise ConfigError("--max-lag", f"must be > 0, got {self.max_lag_s}")
+
+    @property
+    def mode(self) -> Literal["closed", "open"]:
+        """``closed`` (fixed clients) or ``open`` (fixed arrival rate)."""
+        return "closed" if self.clients is not None else "open"
+
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """Headers sent with every request (``X-Request-Timeout`` with ``--send-deadline``)."""
+        headers = dict(self.headers)
+        if self.send_deadline:
+            headers["X-Request-Timeout"] = f"{self.timeout_s:g}"
+        return headers
+
+    def split(self, parts: int) -> list[BenchOptions]:
+        """Divide the load into ``parts`` shares for worker processes.
+
+        Clients are dealt out as evenly as possible; the rate and ``max_inflight`` are divided
+        (each share gets a distinct seed, and constant schedules are phase-shifted by the caller).
+        """
+        shares: list[BenchOptions] = []
+        for index in range(parts):
+            seed = None if self.seed is None else self.seed + index
+            if self.clients is not None:
+                clients = self.clients // parts + (1 if index < self.clients % parts else 0)
+                shares.append(dataclasses.replace(self, clients=clients, processes=1, seed=seed))
+            else:
+                assert self.rate is not None
+                inflight = None
+                if self.max_inflight is not None:
+                    inflight = max(1, self.max_inflight // parts)
+                shares.append(
+                    dataclasses.replace(
+                        self,
+                        rate=self.rate / parts,
+                        max_inflight=inflight,
+                        processes=1,
+                        seed=seed,
+                    )
+                )
+        return shares

@@ -1,0 +1,159 @@
+"""The load generator's engine against real local servers: outcome accounting, timeouts,
+warm-up, open-loop latency from the intended send time, processes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from loadgen_targets import serve_silent, serve_target
+from loadshed.loadgen.options import BenchOptions
+from loadshed.loadgen.runner import GeneratorSaturated, run_bench
+
+# Tests not about the lag check tolerate a busy shared machine (the check has its own test).
+LAG = 1.0
+
+
+def test_open_loop_counts_add_up_across_every_outcome() -> None:
+    with serve_target() as target:
+        options = BenchOptions(
+            url=f"{target.url}/mix", rate=100, duration_s=1.0, max_lag_s=LAG, timeout_s=0.2
+        )
+        result = run_bench(options)
+    # Every scheduled request is exactly one of: success, HTTP error, timeout, connection error.
+    assert result.scheduled == 100
+    assert result.not_sent == 0
+    assert result.requests == result.scheduled
+    assert result.requests == result.responses + sum(result.errors.values())
+    assert result.status_counts[200] == 20
+    assert result.status_counts[503] == 20
+    assert result.status_counts[500] == 20
+    assert result.errors["timeout"] == 20
+    assert result.errors["reset"] == 20
+    assert result.histograms["all"].count == result.requests
+    assert result.histograms["success"].count == 20
+    assert result.histograms["rejected"].count == 20
+    assert result.goodput_rps == pytest.approx(20.0)
+    assert result.throughput_rps == pytest.approx(60.0)
+    assert result.error_rate == pytest.approx(0.8)
+
+
+def test_max_inflight_counts_what_it_could_not_send() -> None:
+    with serve_target() as target:
+        # Each request takes 200 ms, so 2 in flight allow ~10 req/s of the 50 scheduled.
+        options = BenchOptions(
+            url=f"{target.url}/sleep/200", rate=50, duration_s=1.0, max_inflight=2, max_lag_s=LAG
+        )
+        result = run_bench(options)
+        hits = target.hits
+    assert result.scheduled == 50
+    assert result.requests + result.not_sent == result.scheduled
+    assert result.requests == hits
+    assert 8 <= result.requests <= 14
+    assert result.status_counts[200] == result.requests
+
+
+def test_timeout_abandons_request_and_closes_connection_within_50ms() -> None:
+    with serve_silent() as silent:
+        options = BenchOptions(url=silent.url, clients=2, duration_s=1.0, timeout_s=0.2)
+        result = run_bench(options)
+        time.sleep(0.1)
+        lifetimes = list(silent.lifetimes)
+    assert result.errors["timeout"] == result.requests >= 6
+    latency = result.latency("all")
+    # Latency of a timed-out request is the timeout itself.
+    assert latency["p50"] == pytest.approx(0.2, abs=0.001)
+    assert latency["max"] == pytest.approx(0.2, abs=0.001)
+    # The client dropped each connection within 50 ms of its timeout.
+    assert len(lifetimes) >= result.requests
+    assert all(0.19 <= life <= 0.25 for life in lifetimes), lifetimes
+
+
+def test_warmup_is_excluded_from_results() -> None:
+    with serve_target() as target:
+        options = BenchOptions(
+            url=f"{target.url}/ok", rate=100, warmup_s=0.5, duration_s=1.0, max_lag_s=LAG
+        )
+        result = run_bench(options)
+        hits = target.hits
+    assert hits == 150
+    assert result.scheduled == result.requests == 100
+    assert result.duration_s == 1.0
+    assert result.throughput_rps == pytest.approx(100.0)
+
+
+def test_closed_loop_counts_completions_in_the_window() -> None:
+    with serve_target() as target:
+        options = BenchOptions(
+            url=f"{target.url}/sleep/20", clients=4, warmup_s=0.3, duration_s=1.0
+        )
+        result = run_bench(options)
+        hits = target.hits
+    # 4 clients x ~20 ms: ~200 requests/s; the window holds ~1/1.3 of what the server saw.
+    assert 100 <= result.requests <= 210
+    assert result.requests < hits
+    assert result.status_counts[200] == result.requests
+    assert result.latency("success")["p50"] >= 0.019
+
+
+def test_open_loop_latency_counts_from_intended_send_time() -> None:
+    with serve_target() as target:
+        target.hold_until = time.monotonic() + 0.5
+        options = BenchOptions(url=f"{target.url}/held", rate=100, duration_s=1.0, max_lag_s=LAG)
+        result = run_bench(options)
+    # Requests scheduled during the 0.5 s stall waited up to 0.5 s *from their intended time*.
+    # Half the requests were stalled, their latencies spread evenly over 0..0.5 s.
+    latency = result.histograms["all"]
+    assert latency.percentile(40.0) < 0.05
+    assert latency.percentile(75.0) == pytest.approx(0.25, abs=0.06)
+    assert latency.percentile(90.0) == pytest.approx(0.40, abs=0.06)
+    assert 0.4 <= float(result.latency("all")["max"]) <= 0.55
+
+
+def test_processes_merge_exactly_and_counts_add_up() -> None:
+    with serve_target() as target:
+        options = BenchOptions(
+            url=f"{target.url}/ok", rate=200, duration_s=1.0, processes=2, max_lag_s=LAG
+        )
+        result = run_bench(options)
+        hits = target.hits
+    assert result.processes == 2
+    assert result.rate == 200
+    assert result.scheduled == result.requests == hits == 200
+    assert result.histograms["all"].count == 200
+
+
+def test_headers_body_and_send_deadline_reach_the_server() -> None:
+    import aiohttp  # noqa: F401 - the engine's client; imported to fail early if missing
+
+    with serve_target() as target:
+        options = BenchOptions(
+            url=f"{target.url}/echo",
+            clients=1,
+            duration_s=0.3,
+            method="POST",
+            body=b"payload",
+            timeout_s=1.5,
+            send_deadline=True,
+            headers=(("X-Test", "1"),),
+        )
+        assert options.request_headers == {"X-Test": "1", "X-Request-Timeout": "1.5"}
+        result = run_bench(options)
+    assert result.status_counts[200] == result.requests > 0
+
+
+def test_connection_refused_is_a_connect_error() -> None:
+    with serve_target() as target:
+        url = f"{target.url}/ok"
+    options = BenchOptions(url=url, rate=20, duration_s=0.5, timeout_s=0.5, max_lag_s=LAG)
+    result = run_bench(options)
+    assert result.errors["connect"] == result.requests == result.scheduled == 10
+
+
+def test_generator_that_falls_behind_refuses_the_run() -> None:
+    with serve_target() as target:
+        options = BenchOptions(url=f"{target.url}/ok", rate=200, duration_s=0.5, max_lag_s=1e-6)
+        with pytest.raises(GeneratorSaturated, match="generator saturated") as info:
+            run_bench(options)
+    assert info.value.result.scheduled == 100
