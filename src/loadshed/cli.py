@@ -18,6 +18,8 @@ COMMANDS: dict[str, str] = {
     "simulate": "loadshed.sim.cli:simulate",
     "demo": "loadshed.sim.cli:demo",
     "plan": "loadshed.sim.plan:plan",
+    "bench": "loadshed.loadgen.cli:bench",
+    "report": "loadshed.loadgen.cli:report",
 }
 
 
