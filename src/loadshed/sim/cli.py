@@ -422,10 +422,10 @@ def demo(seed: int, as_json: bool) -> None:
     )
     table.add_column("clients", justify="right")
     for name in ("none", "little"):
-        table.add_column(f"{name} goodput/s", justify="right")
-        table.add_column(f"{name} ratio", justify="right")
-        table.add_column(f"{name} p99 ok s", justify="right")
-    table.add_column("little 503s", justify="right")
+        table.add_column(f"{name}\ngood/s", justify="right")
+        table.add_column(f"{name}\nratio", justify="right")
+        table.add_column(f"{name}\np99 ok", justify="right")
+    table.add_column("little\n503s", justify="right")
     for a, b in zip(none["steps"], little["steps"], strict=True):
         table.add_row(
             str(a["clients"]),
