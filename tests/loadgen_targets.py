@@ -15,13 +15,15 @@ from aiohttp import web
 
 class Target:
     """Routes: ``/ok``, ``/sleep/{ms}``, ``/status/{code}``, ``/held`` (answers once
-    ``hold_until`` has passed), ``/mix`` (200, 503, 500, never, reset, in turn)."""
+    ``hold_until`` has passed), ``/mix`` (200, 503, 500, never, reset, in turn),
+    ``/slots/{n}/{ms}`` (n workers of ms each, queueing beyond), ``POST /echo``."""
 
     def __init__(self) -> None:
         self.hits = 0
         self.hold_until = 0.0
         self.port = 0
         self._mix = itertools.count()
+        self._slots: dict[int, asyncio.Semaphore] = {}
 
     @property
     def url(self) -> str:
@@ -34,6 +36,7 @@ class Target:
         app.router.add_get("/status/{code}", self.status)
         app.router.add_get("/held", self.held)
         app.router.add_get("/mix", self.mix)
+        app.router.add_get("/slots/{n}/{ms}", self.slots)
         app.router.add_post("/echo", self.echo)
         return app
 
@@ -49,6 +52,15 @@ class Target:
     async def status(self, request: web.Request) -> web.Response:
         self.hits += 1
         return web.Response(status=int(request.match_info["code"]), text="status")
+
+    async def slots(self, request: web.Request) -> web.Response:
+        """A server with ``n`` workers of ``ms`` each: capacity n * 1000 / ms requests/s."""
+        self.hits += 1
+        n = int(request.match_info["n"])
+        semaphore = self._slots.setdefault(n, asyncio.Semaphore(n))
+        async with semaphore:
+            await asyncio.sleep(int(request.match_info["ms"]) / 1e3)
+        return web.Response(text="ok")
 
     async def held(self, request: web.Request) -> web.Response:
         self.hits += 1

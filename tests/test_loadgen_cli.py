@@ -31,6 +31,11 @@ def _invoke(*args: str) -> tuple[int, str, str]:
         (["bench", "http://127.0.0.1:1/", "-c", "1", "--timeout", "soon"], "--timeout"),
         (["bench", "http://127.0.0.1:1/", "-c", "1", "-H", "no colon"], "--header"),
         (["bench", "http://127.0.0.1:1/"], "--clients/--rate"),
+        (["sweep", "http://127.0.0.1:1/", "--clients", "1,x"], "--clients"),
+        (["sweep", "http://127.0.0.1:1/", "--rates", "100:-5:1"], "--rates"),
+        (["sweep", "http://127.0.0.1:1/", "-c", "1", "--stop-when", "p99>"], "--stop-when"),
+        (["capacity", "http://127.0.0.1:1/", "--slo", "errors<"], "'errors<'"),
+        (["capacity", "http://127.0.0.1:1/", "--slo", "p99<1s", "--start-rate", "-1"], "--start"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_the_flag(args: list[str], named: str) -> None:

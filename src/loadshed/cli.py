@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     "plan": "loadshed.sim.plan:plan",
     "bench": "loadshed.loadgen.cli:bench",
     "report": "loadshed.loadgen.cli:report",
+    "sweep": "loadshed.loadgen.cli:sweep",
+    "capacity": "loadshed.loadgen.cli:capacity",
 }
 
 

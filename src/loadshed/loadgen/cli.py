@@ -26,7 +26,7 @@ from loadshed.loadgen.runner import GeneratorError, GeneratorSaturated, run_benc
 from loadshed.loadgen.slo import SLO, parse_slo
 from loadshed.units import DURATION
 
-__all__ = ["bench", "report"]
+__all__ = ["bench", "capacity", "report", "sweep"]
 
 EXIT_SLO_FAILED = 1
 EXIT_USAGE = 2
@@ -326,3 +326,297 @@ def report(files: tuple[Path, ...], json_path: Path | None, slo: str | None) -> 
         _write_json(json_path, merged.to_json())
     if not _print_verdict(out, objectives, merged):
         sys.exit(EXIT_SLO_FAILED)
+
+
+# -- sweep -------------------------------------------------------------------------------------
+
+
+@click.command(cls=OneLineErrors)
+@click.argument("url")
+@click.option(
+    "--clients",
+    "-c",
+    "clients_list",
+    default=None,
+    help="Closed-loop steps: 1,2,4,8 or start:stop[:step].",
+)
+@click.option(
+    "--rates",
+    "-r",
+    "rates_list",
+    default=None,
+    help="Open-loop steps (req/s): 100,200 or start:stop:step.",
+)
+@click.option(
+    "--duration",
+    "-d",
+    type=DURATION,
+    default="10s",
+    show_default=True,
+    help="Measured window per step.",
+)
+@click.option(
+    "--warmup",
+    "-w",
+    type=DURATION,
+    default="2s",
+    show_default=True,
+    help="Warm-up per step, excluded.",
+)
+@_request_options
+@click.option(
+    "--out-dir",
+    "-o",
+    type=click.Path(file_okay=False, path_type=Path),
+    default="sweep-out",
+    show_default=True,
+    help="Per-step JSON, sweep.json, sweep.tsv and the chart go here.",
+)
+@click.option(
+    "--chart",
+    "chart_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Chart PNG (a .html is written beside it) [default: OUT_DIR/sweep.png].",
+)
+@click.option(
+    "--stop-when",
+    default=None,
+    help="Stop after a step where any clause holds, e.g. 'p99>1s,errors>10%'.",
+)
+def sweep(
+    url: str,
+    clients_list: str | None,
+    rates_list: str | None,
+    duration: float,
+    warmup: float,
+    out_dir: Path,
+    chart_path: Path | None,
+    stop_when: str | None,
+    **common: Any,
+) -> None:
+    """Run bench at each load step and chart throughput, goodput, p50 and p99 against load."""
+    from loadshed.loadgen.chart import write_charts
+    from loadshed.loadgen.sweep import Axis, SweepStep, run_sweep, step_row, write_combined
+    from loadshed.units import parse_float_range, parse_int_list
+
+    stop = parse_slo(stop_when, flag="--stop-when") if stop_when is not None else None
+    if (clients_list is None) == (rates_list is None):
+        raise ConfigError(
+            "--clients/--rates", "give exactly one: --clients 1,2,4 or --rates 100:500:100"
+        )
+    axis: Axis
+    if clients_list is not None:
+        axis, loads = "clients", [float(c) for c in parse_int_list(clients_list, "--clients")]
+        first_clients, first_rate = int(loads[0]), None
+    else:
+        assert rates_list is not None
+        axis, loads = "rate", parse_float_range(rates_list, "--rates")
+        first_clients, first_rate = None, loads[0]
+    # Validate every step's options before sending anything.
+    for load in loads:
+        _options(url, clients=int(load) if axis == "clients" else None,
+                 rate=load if axis == "rate" else None, duration=duration, warmup=warmup,
+                 common=common)  # fmt: skip
+    base = _options(
+        url,
+        clients=first_clients,
+        rate=first_rate,
+        duration=duration,
+        warmup=warmup,
+        common=common,
+    )
+    _check_pid(common["pid"])
+    out, err = Console(), Console(stderr=True)
+
+    def run(options: BenchOptions) -> RunResult:
+        load = options.clients if axis == "clients" else options.rate
+        err.print(f"step: {axis} {load:g}", style="bold")
+        with _live(err, common["quiet"]) as update:
+            return run_bench(options, on_progress=update, pid=common["pid"])
+
+    def report_step(step: SweepStep) -> None:
+        row = step_row(step)
+        if step.result is None:
+            err.print(f"  {step.note}", style="red")
+            return
+        err.print(
+            f"  throughput {row['throughput_rps']:.1f}/s  goodput {row['goodput_rps']:.1f}/s  "
+            f"errors {row['error_rate'] * 100:.3g}%  success p50 "
+            f"{row['success_p50_s'] * 1e3:.2f}ms p99 {row['success_p99_s'] * 1e3:.2f}ms"
+            + (f"  ({step.note})" if step.note else "")
+        )
+
+    try:
+        steps = run_sweep(base, axis, loads, out_dir, stop_when=stop, run=run, on_step=report_step)
+    except GeneratorError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_GENERATOR)
+    json_path, tsv_path = write_combined(steps, axis, out_dir)
+    png, html_path = write_charts(
+        steps, axis, chart_path or out_dir / "sweep.png", title=f"loadshed sweep {url}"
+    )
+    out.print(_sweep_table(steps, axis))
+    out.print(
+        f"wrote {json_path}, {tsv_path}, {png}, {html_path} and {len(steps)} step JSON file(s)"
+    )
+    if steps and steps[-1].result is None:
+        sys.exit(EXIT_GENERATOR)
+
+
+def _sweep_table(steps: Any, axis: str) -> Any:
+    from rich.table import Table
+
+    from loadshed.loadgen.sweep import step_row
+
+    table = Table(title="sweep (latencies in ms; ok = 2xx)")
+    for column in (axis, "requests", "tput/s", "good/s", "errors", "p50", "p99", "ok p50",
+                   "ok p99", "note"):  # fmt: skip
+        table.add_column(column, justify="left" if column == "note" else "right")
+    for step in steps:
+        row = step_row(step)
+        if step.result is None:
+            table.add_row(f"{step.load:g}", *[""] * 8, step.note[:60])
+            continue
+        table.add_row(
+            f"{step.load:g}", f"{row['requests']:,}", f"{row['throughput_rps']:.1f}",
+            f"{row['goodput_rps']:.1f}", f"{row['error_rate'] * 100:.3g}%",
+            f"{row['p50_s'] * 1e3:.2f}", f"{row['p99_s'] * 1e3:.2f}",
+            f"{row['success_p50_s'] * 1e3:.2f}", f"{row['success_p99_s'] * 1e3:.2f}", step.note,
+        )  # fmt: skip
+    return table
+
+
+# -- capacity ----------------------------------------------------------------------------------
+
+
+@click.command(cls=OneLineErrors)
+@click.argument("url")
+@click.option(
+    "--slo", required=True, help="Objectives each step must meet, e.g. 'p99<200ms,errors<0.1%'."
+)
+@click.option(
+    "--start-rate",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="First rate probed (req/s); doubled until a step fails.",
+)
+@click.option(
+    "--max-rate", type=float, default=100_000.0, show_default=True, help="Highest rate probed."
+)
+@click.option(
+    "--precision",
+    type=float,
+    default=0.05,
+    show_default=True,
+    help="Stop bisecting when the bracket is within this fraction.",
+)
+@click.option("--max-steps", type=int, default=16, show_default=True)
+@click.option(
+    "--duration",
+    "-d",
+    type=DURATION,
+    default="5s",
+    show_default=True,
+    help="Measured window per step.",
+)
+@click.option(
+    "--warmup",
+    "-w",
+    type=DURATION,
+    default="1s",
+    show_default=True,
+    help="Warm-up per step, excluded.",
+)
+@_request_options
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the search (every step's result) here.",
+)
+def capacity(
+    url: str,
+    slo: str,
+    start_rate: float,
+    max_rate: float,
+    precision: float,
+    max_steps: int,
+    duration: float,
+    warmup: float,
+    json_path: Path | None,
+    **common: Any,
+) -> None:
+    """Find the highest constant rate URL serves within the SLO (bracket, then bisect).
+
+    Exit 0 with the rate found; 1 if even --start-rate fails; 3 if the generator could not
+    drive a step before a failure was found (the rate printed is then a lower bound).
+    """
+    from loadshed.loadgen.capacity import CapacityStep, find_capacity
+
+    objectives = parse_slo(slo)
+    for flag, value in (("--start-rate", start_rate), ("--max-rate", max_rate)):
+        if not value > 0:
+            raise ConfigError(flag, f"must be > 0 requests/s, got {value:g}")
+    base = _options(url, clients=None, rate=start_rate, duration=duration, warmup=warmup,
+                    common=common)  # fmt: skip
+    _check_pid(common["pid"])
+    out, err = Console(), Console(stderr=True)
+
+    def run(options: BenchOptions) -> RunResult:
+        with _live(err, common["quiet"]) as update:
+            return run_bench(options, on_progress=update, pid=common["pid"])
+
+    def report_step(step: CapacityStep) -> None:
+        if step.result is None:
+            err.print(f"rate {step.rate:g}/s: generator saturated", style="red")
+            return
+        word = "PASS" if step.passed else "FAIL"
+        observed = ", ".join(
+            f"{v.clause.text} -> {v.clause.format_value(v.observed)}" for v in step.verdicts
+        )
+        err.print(f"rate {step.rate:g}/s: {word} ({observed})",
+                  style="green" if step.passed else "red")  # fmt: skip
+
+    try:
+        search = find_capacity(base, objectives, start_rate=start_rate, max_rate=max_rate,
+                               precision=precision, max_steps=max_steps, run=run,
+                               on_step=report_step)  # fmt: skip
+    except GeneratorError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_GENERATOR)
+    if json_path is not None:
+        _write_json(json_path, {
+            "slo": objectives.text,
+            "capacity_rps": search.capacity_rps,
+            "inconclusive": search.inconclusive,
+            "last_pass_rate": search.last_pass.rate if search.last_pass else None,
+            "first_fail_rate": search.first_fail.rate if search.first_fail else None,
+            "steps": [
+                {"rate": s.rate, "passed": s.passed, "saturated": s.saturated,
+                 "verdicts": [{"clause": v.clause.text, "observed": v.observed,
+                               "passed": v.passed} for v in s.verdicts],
+                 "result": s.result.to_json() if s.result else None}
+                for s in search.steps
+            ],
+        })  # fmt: skip
+    for label, step in (("last passing step", search.last_pass),
+                        ("first failing step", search.first_fail)):  # fmt: skip
+        if step is not None and step.result is not None:
+            out.print(f"[bold]{label}: {step.rate:g} req/s[/bold]")
+            out.print(verdict_text(step.verdicts))
+    if search.capacity_rps is None:
+        out.print(f"capacity: no rate met {objectives.text!r} (even {start_rate:g} req/s failed)",
+                  style="bold red")  # fmt: skip
+        sys.exit(EXIT_SLO_FAILED)
+    if search.inconclusive:
+        out.print(f"capacity: at least {search.capacity_rps:g} req/s meets {objectives.text!r} "
+                  f"({search.inconclusive})", style="bold yellow")  # fmt: skip
+        if search.first_fail is None and "max-rate" not in search.inconclusive:
+            sys.exit(EXIT_GENERATOR)
+        return
+    assert search.first_fail is not None
+    out.print(f"capacity: {search.capacity_rps:g} req/s meets {objectives.text!r} "
+              f"({search.first_fail.rate:g} req/s does not)", style="bold green")  # fmt: skip
