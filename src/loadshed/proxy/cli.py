@@ -43,6 +43,15 @@ class _OneLineCommand(click.Command):
             exc.ctx = None  # no "Usage: ..." preamble, just the error line
             raise
 
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
+        except click.UsageError as exc:
+            exc.ctx = None
+            raise
+
 
 def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Config:
     """The uvicorn configuration the CLI serves the proxy with (tests use it too)."""
@@ -57,6 +66,9 @@ def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Co
         "access_log": False,
         "log_level": "warning",
         "backlog": 4096,
+        # The peer address is what X-Forwarded-For gets; never let a client's own
+        # X-Forwarded-For replace it (uvicorn trusts it from 127.0.0.1 by default).
+        "proxy_headers": False,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
@@ -121,12 +133,9 @@ async def _run(config: ProxyConfig) -> None:
 
 
 def _to_config(**values: Any) -> ProxyConfig:
-    try:
-        upstreams = tuple(parse_upstream(u) for u in values.pop("upstream"))
-        host, port = parse_listen(values.pop("listen"))
-        return ProxyConfig(upstreams=upstreams, host=host, port=port, **values)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+    upstreams = tuple(parse_upstream(u) for u in values.pop("upstream"))
+    host, port = parse_listen(values.pop("listen"))
+    return ProxyConfig(upstreams=upstreams, host=host, port=port, **values)
 
 
 @click.command(cls=_OneLineCommand)

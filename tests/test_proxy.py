@@ -1,0 +1,258 @@
+"""The proxy's forwarding, with real servers on 127.0.0.1: streaming, headers,
+upstream answers as limit outcomes, deadlines, and what it refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import aiohttp
+import pytest
+
+from loadshed.demo.origin import create_app as create_origin
+from proxy_servers import (
+    Recorder,
+    echo_app,
+    gated_stream_app,
+    raw_request,
+    run_proxy,
+    serve_asgi,
+    slow_app,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _headers(seen: dict[str, object]) -> dict[str, list[str]]:
+    result: dict[str, list[str]] = {}
+    for name, value in seen["headers"]:  # type: ignore[attr-defined]
+        result.setdefault(name, []).append(value)
+    return result
+
+
+async def test_streaming_response_arrives_chunk_by_chunk() -> None:
+    gate, first_sent = threading.Event(), threading.Event()
+    with (
+        serve_asgi(gated_stream_app(gate, first_sent)) as upstream,
+        run_proxy(upstream) as (url, _),
+    ):
+        async with aiohttp.ClientSession() as session, session.get(url + "/v1/stream") as response:
+            assert response.status == 200
+            assert response.headers["content-type"] == "text/event-stream"
+            first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
+            # The upstream is still holding its last chunk: the proxy did not buffer.
+            assert first == b"data: first\n\n"
+            assert not gate.is_set()
+            gate.set()
+            rest = await asyncio.wait_for(response.content.read(), 5)
+            assert rest == b"data: last\n\n"
+
+
+async def test_request_body_streams_to_upstream_and_query_is_kept() -> None:
+    recorder = Recorder()
+
+    async def upload():  # type: ignore[no-untyped-def]
+        for index in range(20):
+            yield f"part{index:02d};".encode() * 1000
+
+    with serve_asgi(echo_app(recorder)) as upstream, run_proxy(upstream) as (url, _):
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + "/predict?model=a%20b&x=1", data=upload()) as response:
+                assert response.status == 200
+                seen = await response.json()
+    expected = b"".join(f"part{i:02d};".encode() * 1000 for i in range(20)).decode()
+    assert seen["body"] == expected
+    assert seen["method"] == "POST"
+    assert seen["path"] == "/predict"
+    assert seen["query"] == "model=a%20b&x=1"
+
+
+async def test_hop_by_hop_headers_stripped_and_forwarding_headers_added() -> None:
+    recorder = Recorder()
+    upstream_extra = [
+        (b"connection", b"x-upstream-hop"),
+        (b"x-upstream-hop", b"secret"),
+        (b"keep-alive", b"timeout=99"),
+        (b"x-model-version", b"7"),
+    ]
+    with (
+        serve_asgi(echo_app(recorder, extra=upstream_extra)) as upstream,
+        run_proxy(upstream) as (
+            url,
+            _,
+        ),
+    ):
+        async with aiohttp.ClientSession() as session:
+            headers = {
+                "Connection": "keep-alive, X-Client-Hop",
+                "X-Client-Hop": "private",
+                "Keep-Alive": "timeout=5",
+                "TE": "trailers",
+                "Proxy-Authorization": "Basic c2VjcmV0",
+                "X-Forwarded-For": "10.0.0.1",
+                "X-Custom": "kept",
+            }
+            async with session.get(url + "/h", headers=headers) as response:
+                assert response.status == 200
+                assert response.headers["x-model-version"] == "7"
+                assert "x-upstream-hop" not in response.headers
+                assert response.headers.get("keep-alive") != "timeout=99"
+                seen = await response.json()
+    got = _headers(seen)
+    for hop in ("x-client-hop", "keep-alive", "te", "proxy-authorization"):
+        assert hop not in got, hop
+    assert got.get("connection", ["keep-alive"]) == ["keep-alive"]  # aiohttp's own, if any
+    assert got["x-custom"] == ["kept"]
+    assert got["x-forwarded-for"] == ["10.0.0.1, 127.0.0.1"]
+    assert got["forwarded"][0].startswith("for=127.0.0.1;proto=http;host=")
+    assert got["host"] == [upstream.removeprefix("http://")]
+    assert got["x-forwarded-host"] == [url.removeprefix("http://")]
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_upstream_overload_answers_are_drops_and_retry_after_passes(status: int) -> None:
+    recorder = Recorder()
+    app = echo_app(recorder, status=status, extra=[(b"retry-after", b"7")])
+    with serve_asgi(app) as upstream, run_proxy(upstream, limit="fixed:4") as (url, proxy):
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                async with session.get(url + "/x") as response:
+                    assert response.status == status
+                    assert response.headers["retry-after"] == "7"
+                    await response.read()
+        counts = proxy.pool.upstreams[0].limiter.snapshot().counts
+    assert counts.get("dropped") == 3
+    assert counts.get("success", 0) == 0
+
+
+async def test_client_errors_are_ignored_by_the_limit() -> None:
+    recorder = Recorder()
+    with (
+        serve_asgi(echo_app(recorder, status=404)) as upstream,
+        run_proxy(upstream) as (url, proxy),
+    ):
+        async with aiohttp.ClientSession() as session, session.get(url + "/missing") as response:
+            assert response.status == 404
+            await response.read()
+        counts = proxy.pool.upstreams[0].limiter.snapshot().counts
+    assert counts.get("ignored") == 1
+    assert counts.get("dropped", 0) == 0
+
+
+async def test_slow_upstream_gets_504_at_the_deadline_and_deadline_is_forwarded() -> None:
+    recorder = Recorder()
+    with serve_asgi(slow_app(5.0, recorder)) as upstream, run_proxy(upstream) as (url, proxy):
+        async with aiohttp.ClientSession() as session:
+            started = time.monotonic()
+            async with session.get(url + "/slow", headers={"X-Request-Timeout": "0.5"}) as response:
+                elapsed = time.monotonic() - started
+                body = await response.json()
+            assert response.status == 504
+            assert body["error"] == "gateway_timeout"
+            assert body["fault"] == "timeout"
+            assert 0.4 <= elapsed < 2.0
+            # The upstream learned how long it had, and saw the proxy hang up.
+            forwarded = dict(recorder.requests[0]["headers"])
+            assert 0.3 < float(forwarded["x-request-timeout"]) <= 0.5
+            assert await asyncio.to_thread(recorder.disconnected.wait, 3)
+        counts = proxy.pool.upstreams[0].limiter.snapshot().counts
+    assert counts.get("dropped") == 1
+
+
+async def test_default_deadline_flag_applies_without_header() -> None:
+    recorder = Recorder()
+    with (
+        serve_asgi(slow_app(5.0, recorder)) as upstream,
+        run_proxy(upstream, deadline=0.3) as (
+            url,
+            _,
+        ),
+    ):
+        async with aiohttp.ClientSession() as session:
+            started = time.monotonic()
+            async with session.get(url + "/slow") as response:
+                assert response.status == 504
+            assert time.monotonic() - started < 2.0
+
+
+async def test_client_leaving_closes_the_upstream_request() -> None:
+    recorder = Recorder()
+    with serve_asgi(slow_app(5.0, recorder)) as upstream, run_proxy(upstream) as (url, proxy):
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(session.get(url + "/slow"), 0.3)
+        assert await asyncio.to_thread(recorder.disconnected.wait, 3)
+        await asyncio.sleep(0.1)
+        limiter = proxy.pool.upstreams[0].limiter
+        assert limiter.inflight == 0
+        assert limiter.snapshot().counts.get("ignored") == 1
+
+
+def test_absolute_form_target_is_refused_and_never_forwarded() -> None:
+    recorder = Recorder()
+    with serve_asgi(echo_app(recorder)) as upstream, run_proxy(upstream) as (url, _):
+        answer = raw_request(
+            url,
+            b"GET http://evil.example/steal HTTP/1.1\r\n"
+            b"Host: evil.example\r\nConnection: close\r\n\r\n",
+        )
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        assert b"not a forward proxy" in answer
+        connect = raw_request(
+            url,
+            b"CONNECT evil.example:443 HTTP/1.1\r\n"
+            b"Host: evil.example:443\r\nConnection: close\r\n\r\n",
+        )
+        assert connect.startswith(b"HTTP/1.1 400 ")
+        # origin-form on the same server still works
+        ok = raw_request(url, b"GET /fine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200 ")
+    assert [r["path"] for r in recorder.requests] == ["/fine"]
+
+
+def test_request_line_and_headers_are_bounded() -> None:
+    recorder = Recorder()
+    with (
+        serve_asgi(echo_app(recorder)) as upstream,
+        run_proxy(upstream, max_request_line=1024, max_header_bytes=4096) as (url, _),
+    ):
+        long_line = raw_request(url, b"GET /" + b"a" * 2000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert long_line.startswith(b"HTTP/1.1 414 ")
+        big_headers = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(60))
+        many = raw_request(url, b"GET / HTTP/1.1\r\nHost: x\r\n" + big_headers + b"\r\n")
+        assert many.startswith(b"HTTP/1.1 431 ")
+    assert recorder.requests == []
+
+
+async def test_origin_demo_through_proxy_and_fast_rejection() -> None:
+    origin = create_origin(workers=1, service_time=0.3, queue=10)
+    with (
+        serve_asgi(origin) as upstream,
+        run_proxy(upstream, limit="fixed:1", max_queue=0) as (
+            url,
+            _,
+        ),
+    ):
+        async with aiohttp.ClientSession() as session:
+
+            async def get() -> tuple[int, str | None, float]:
+                started = time.monotonic()
+                async with session.get(url + "/work") as response:
+                    await response.read()
+                    return (
+                        response.status,
+                        response.headers.get("retry-after"),
+                        time.monotonic() - started,
+                    )
+
+            results = await asyncio.gather(*(get() for _ in range(4)))
+    statuses = sorted(status for status, _, _ in results)
+    assert statuses == [200, 503, 503, 503]
+    for status, retry_after, elapsed in results:
+        if status == 503:
+            assert retry_after is not None and int(retry_after) >= 1
+            assert elapsed < 0.2  # refused at once, not after the origin's work
+    body = json.dumps({"ok": True})
+    assert body

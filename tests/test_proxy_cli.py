@@ -1,0 +1,93 @@
+"""``loadshed proxy`` from the command line: bad flags, and a real run with metrics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from loadshed.cli import main
+from proxy_servers import Recorder, echo_app, free_port, serve_asgi
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "allowed"),
+    [
+        (["--limit", "turbo"], "--limit", "little|aimd|vegas|gradient2|gradient|fixed:N"),
+        (["--limit", "fixed:0"], "--limit", "fixed:N"),
+        (["--upstream", "not-a-url"], "--upstream", "http://"),
+        (["--upstream", "ftp://host:21"], "--upstream", "http://"),
+        (["--listen", "127.0.0.1"], "--listen", "HOST:PORT"),
+        (["--listen", "127.0.0.1:99999"], "--listen", "HOST:PORT"),
+        (["--deadline", "soon"], "--deadline", ""),
+        (["--max-queue-wait", "-1s"], "--max-queue-wait", ""),
+        (["--fail-threshold", "0"], "--fail-threshold", ">= 1"),
+        (["--max-header-bytes", "10"], "--max-header-bytes", ">= 256"),
+        (["--reject-status", "500"], "--reject-status", "503"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line_naming_the_flag(
+    args: list[str], flag: str, allowed: str
+) -> None:
+    base = ["proxy", "--upstream", "http://127.0.0.1:8000"]
+    if args[0] == "--upstream":
+        base = ["proxy"]
+    result = CliRunner().invoke(main, [*base, *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert flag in lines[0]
+    assert allowed in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_upstream_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["proxy"])
+    assert result.exit_code == 2
+    assert "--upstream" in result.output
+
+
+def test_cli_proxies_and_serves_metrics_per_upstream() -> None:
+    recorder = Recorder()
+    port, metrics_port = free_port(), free_port()
+    with serve_asgi(echo_app(recorder)) as upstream:
+        command = [
+            sys.executable, "-m", "loadshed.cli", "proxy",
+            "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
+            "--limit", "fixed:3", "--metrics-port", str(metrics_port),
+        ]  # fmt: skip
+        process = subprocess.Popen(
+            command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        try:
+            assert process.stderr is not None
+            banner = process.stderr.readline()
+            assert f"127.0.0.1:{port}" in banner and "fixed:3" in banner, banner
+            response = requests.get(f"http://127.0.0.1:{port}/hello?q=1", timeout=5)
+            assert response.status_code == 200
+            assert response.json()["path"] == "/hello"
+            metrics = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+            assert f'loadshed_limit{{limiter="{upstream}"}} 3.0' in metrics
+            assert (
+                f'loadshed_requests_total{{limiter="{upstream}",outcome="success",reason=""}} 1.0'
+                in metrics
+            )
+            assert (
+                f'loadshed_proxy_upstream_responses_total{{code="200",upstream="{upstream}"}} 1.0'
+                in metrics
+            )
+            assert f'loadshed_proxy_upstream_up{{upstream="{upstream}"}} 1.0' in metrics
+            health = requests.get(f"http://127.0.0.1:{metrics_port}/health", timeout=5).json()
+            assert health["status"] == "ok"
+            assert health["upstreams"][upstream]["limit"] == 3
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+    assert time.monotonic() > 0
