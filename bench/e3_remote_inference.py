@@ -46,6 +46,7 @@ from requests.adapters import HTTPAdapter
 
 from loadshed.bounded import bounded_map
 from loadshed.client import AdaptiveClient, Response
+from loadshed.limits import AIMD
 
 SLOTS = 16
 WORK_LOW_S = 0.025
@@ -257,7 +258,11 @@ async def plain_aiohttp(url: str, calls: int, recorder: Recorder) -> dict[str, f
 async def adaptive(url: str, calls: int, recorder: Recorder, limit: str) -> dict[str, float]:
     """AdaptiveClient, no configured concurrency, fed by client.map."""
     limits: list[int] = []
-    options: dict[str, Any] = {} if limit == "default" else {"limit": limit}
+    options: dict[str, Any] = {}
+    if limit.startswith("aimd/"):  # aimd/<backoff ratio>
+        options["limit"] = AIMD(backoff_ratio=float(limit.partition("/")[2]))
+    elif limit != "default":
+        options["limit"] = limit
     async with AdaptiveClient(timeout=CALL_TIMEOUT_S, **options) as client:
 
         async def call(index: int) -> Response:

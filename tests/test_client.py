@@ -111,6 +111,12 @@ async def test_the_deadline_is_sent_and_enforced(upstream: Upstream) -> None:
 
 
 async def test_connection_pool_is_sized_from_the_limit() -> None:
+    async with AdaptiveClient("http://127.0.0.1:9") as client:
+        default = client.limiter.admission.algorithm
+        assert isinstance(default, AIMD)
+        assert default.backoff_ratio == 0.5
+        assert client.session.connector is not None
+        assert client.session.connector.limit == default.max_limit == 128
     algorithm = AIMD(initial_limit=4, max_limit=77)
     async with AdaptiveClient("http://127.0.0.1:9", limit=algorithm) as client:
         connector = client.session.connector

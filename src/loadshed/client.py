@@ -11,8 +11,8 @@ What it does for each call:
 1. **Local throttling** (Google SRE): while the upstream refuses more than half of
    what it is sent, refuse attempts locally (:class:`ClientThrottled`) with
    probability ``max(0, (requests - 2 accepts) / (requests + 1))`` over a window.
-2. **Adaptive concurrency**: a :class:`~loadshed.limiter.Limiter` (default ``aimd``)
-   holds calls beyond the current limit in a local queue. 429, 502, 503, 504,
+2. **Adaptive concurrency**: a :class:`~loadshed.limiter.Limiter` (default: AIMD,
+   halving on overload) holds calls beyond the current limit in a local queue. 429, 502, 503, 504,
    timeouts and connection errors are *dropped* samples (overload: the limit
    shrinks); other answers are successes (their latency is a capacity sample).
 3. **The connection pool** is sized from the limit algorithm's ``max_limit``, so
@@ -48,7 +48,7 @@ from loadshed.bounded import BoundedMap, bounded_map
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import ConfigError, LoadshedError, Priority
 from loadshed.limiter import Limiter
-from loadshed.limits import make_limit
+from loadshed.limits import AIMD, make_limit
 from loadshed.limits.base import LimitAlgorithm, Sample
 from loadshed.retry import Backoff, RetryBudget, parse_retry_after
 from loadshed.throttle import AdaptiveThrottle
@@ -61,6 +61,7 @@ __all__ = [
     "Response",
     "UpstreamError",
     "bounded_map",
+    "default_client_limit",
 ]
 
 _T = TypeVar("_T")
@@ -189,6 +190,19 @@ class ClientStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
+def default_client_limit() -> AIMD:
+    """The client's default limit: AIMD (initial 4, min 1, max 128) halving on drops.
+
+    Loss-based, because a client learns of overload from the upstream's answers
+    (429/503, timeouts). It halves (TCP Reno's ratio) rather than Netflix's x0.9:
+    against an upstream with a queue, x0.9 climbs back to the queue's edge within a
+    few calls and is refused about one call in ten, more than the 10 % retry budget
+    can absorb; halving is refused about half as often, within the budget, while
+    the limit stays above the upstream's slots (``bench/e3_remote_inference.py``).
+    """
+    return AIMD(backoff_ratio=0.5)
+
+
 class _LimitView(LimitAlgorithm):
     """Lets ``bounded_map`` follow the client's limit without feeding it samples
     (the client's limiter already does): calls waiting in retry backoff hold no
@@ -216,7 +230,8 @@ class AdaptiveClient:
     Parameters (all keyword-only except ``base_url``):
         base_url: prefix for relative URLs (ignored when ``session`` is given).
         limit: limit algorithm or spec for :func:`loadshed.limits.make_limit`
-            (default ``aimd``: grows by one per busy success, x0.9 per overload sign).
+            (default :func:`default_client_limit`: AIMD that grows by one per busy
+            success and halves on an overload sign).
         timeout: default deadline of a call in seconds (queue + attempts + backoff);
             None for none. Per call: ``request(..., timeout=...)``.
         session: an existing :class:`aiohttp.ClientSession` to wrap (not closed by
@@ -237,7 +252,7 @@ class AdaptiveClient:
         self,
         base_url: str | None = None,
         *,
-        limit: LimitAlgorithm | str | int = "aimd",
+        limit: LimitAlgorithm | str | int | None = None,
         timeout: float | None = 30.0,
         session: aiohttp.ClientSession | None = None,
         max_queue: int = 10_000,
@@ -260,7 +275,7 @@ class AdaptiveClient:
             raise ConfigError(
                 "retry_statuses", f"must be HTTP statuses 400-599, got {sorted(statuses)}"
             )
-        algorithm = make_limit(limit)
+        algorithm = default_client_limit() if limit is None else make_limit(limit)
         if session is not None:
             if base_url is not None:
                 raise ConfigError("base_url", "give base_url to the session you pass, not both")
