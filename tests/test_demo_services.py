@@ -1,0 +1,294 @@
+"""The demo services under real uvicorn on 127.0.0.1 (ephemeral port), driven by real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, NamedTuple
+
+import aiohttp
+import pytest
+import uvicorn
+from sklearn.datasets import load_digits
+from starlette.applications import Starlette
+
+from loadshed.demo import DEMO_MODELS, create_demo_app, hashburn, origin
+from loadshed.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Served(NamedTuple):
+    url: str
+    loop: asyncio.AbstractEventLoop
+    """The server's event loop (to run code next to the app, which is not thread-safe)."""
+
+
+@contextlib.contextmanager
+def serve(app: Starlette) -> Iterator[Served]:
+    """Run ``app`` under uvicorn in a thread on an ephemeral loopback port."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.01)
+    listener = server.servers[0]
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        yield Served(f"http://127.0.0.1:{port}", listener.get_loop())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+@contextlib.asynccontextmanager
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    timeout = aiohttp.ClientTimeout(total=20)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        yield session
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, Any, float]:
+    started = time.monotonic()
+    async with session.get(url) as response:
+        body = await response.json()
+        return response.status, body, time.monotonic() - started
+
+
+# --------------------------------------------------------------------------- hashburn
+
+
+async def test_hashburn_holds_its_service_time_and_returns_the_hash() -> None:
+    with serve(hashburn.create_app(service_time=0.2)) as served:
+        url = served.url
+        async with client() as session:
+            status, body, elapsed = await get_json(session, f"{url}/calculate?input=hello")
+            assert status == 200
+            assert 0.19 <= elapsed < 1.5
+            assert body["rounds"] > 1
+            assert body["result"] == hashburn.hash_chain(b"hello", body["rounds"])
+            # One process is one worker: two concurrent requests are served one after the other.
+            started = time.monotonic()
+            results = await asyncio.gather(
+                get_json(session, f"{url}/calculate?input=a"),
+                get_json(session, f"{url}/calculate?input=b"),
+            )
+            assert time.monotonic() - started >= 0.38
+            assert [r[0] for r in results] == [200, 200]
+            assert max(r[2] for r in results) >= 0.38
+
+            status, body, _ = await get_json(session, f"{url}/calculate")
+            assert status == 422
+            assert body["field"] == "input"
+            status, body, _ = await get_json(session, f"{url}/calculate?input={'x' * 5000}")
+            assert (status, body["field"]) == (422, "input")
+            status, body, _ = await get_json(session, f"{url}/health")
+            assert (status, body["status"], body["service_time"]) == (200, "ok", 0.2)
+
+
+def test_hash_chain_matches_burn() -> None:
+    digest, rounds = hashburn.burn(b"abc", 0.01)
+    assert digest == hashburn.hash_chain(b"abc", rounds)
+    assert hashburn.hash_chain(b"abc", 1) == (
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    )
+
+
+# --------------------------------------------------------------------------- digits
+
+
+async def test_digits_predicts_training_rows_and_rejects_bad_input() -> None:
+    features, labels = load_digits(return_X_y=True)
+    rows = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 500, 1000]
+    app = create_demo_app("digits", workers=2, n_estimators=30)
+    with serve(app) as served:
+        url = served.url
+        async with client() as session:
+
+            async def classify(row: int) -> tuple[int, dict[str, Any]]:
+                payload = {"features": [int(v) for v in features[row]]}
+                async with session.post(f"{url}/predict", json=payload) as response:
+                    return response.status, await response.json()
+
+            answers = await asyncio.gather(*(classify(row) for row in rows))
+            for row, (status, body) in zip(rows, answers, strict=True):
+                assert status == 200
+                assert body["class"] == labels[row]
+                assert len(body["probabilities"]) == 10
+                assert sum(body["probabilities"]) == pytest.approx(1.0, abs=1e-3)
+                assert body["probabilities"][body["class"]] == max(body["probabilities"])
+
+            bad_inputs: list[tuple[Any, str]] = [
+                ({"features": [1.0] * 63}, "features"),
+                ({"features": "0,1,2"}, "features"),
+                ({"pixels": [0] * 64}, "features"),
+                ({"features": [0] * 5 + ["x"] + [0] * 58}, "features[5]"),
+                ({"features": [0] * 63 + [True]}, "features[63]"),
+                ([0] * 64, "body"),
+            ]
+            for payload, field in bad_inputs:
+                async with session.post(f"{url}/predict", json=payload) as response:
+                    body = await response.json()
+                    assert response.status == 422, payload
+                    assert body["field"] == field
+                    assert body["reason"].startswith(field)
+            async with session.post(f"{url}/predict", data=b"{not json") as response:
+                assert response.status == 422
+                assert (await response.json())["field"] == "body"
+            async with session.post(f"{url}/predict", data=b"0" * 20_000) as response:
+                assert response.status == 413
+
+            status, stats, _ = await get_json(session, f"{url}/admin/stats")
+            assert status == 200
+            assert stats["completed"] == len(rows)
+            assert stats["workers"] == 2
+            status, health, _ = await get_json(session, f"{url}/health")
+            assert (status, health["model"], health["start_method"]) == (
+                200,
+                "digits",
+                "fork",
+            )
+
+
+async def test_digits_worker_killed_fails_only_its_request() -> None:
+    features, labels = load_digits(return_X_y=True)
+    payload = {"features": [int(v) for v in features[7]]}
+    app = create_demo_app("digits", workers=2, n_estimators=100)
+    with serve(app) as served:
+        url = served.url
+        runner = app.state.runner
+        async with client() as session:
+
+            async def classify() -> tuple[int, dict[str, Any]]:
+                async with session.post(f"{url}/predict", json=payload) as response:
+                    return response.status, await response.json()
+
+            assert (await classify())[0] == 200
+
+            async def kill_a_busy_worker() -> int:
+                # Runs in the server's loop: no reply is handled between the check and the kill.
+                while not (runner.stats().busy == 2 and runner.stats().waiting >= 1):
+                    await asyncio.sleep(0.0005)
+                pid: int = runner.pids()[0]
+                os.kill(pid, signal.SIGKILL)
+                return pid
+
+            burst = [asyncio.create_task(classify()) for _ in range(24)]
+            killing = asyncio.run_coroutine_threadsafe(kill_a_busy_worker(), served.loop)
+            victim = await asyncio.wait_for(asyncio.wrap_future(killing), 10)
+            answers = await asyncio.gather(*burst)
+            killed_at = time.monotonic()
+            status, body = await classify()
+            assert time.monotonic() - killed_at < 2.0
+            assert (status, body["class"]) == (200, labels[7])
+            failures = [b for s, b in answers if s != 200]
+            assert len(failures) == 1  # only the job the killed worker was running
+            for failure in failures:
+                assert failure["error"] == "worker_crashed"
+                assert "SIGKILL" in failure["reason"]
+            assert all(b["class"] == labels[7] for s, b in answers if s == 200)
+            status, stats, _ = await get_json(session, f"{url}/admin/stats")
+            assert stats["restarts"] == 1
+            assert stats["crashed"] == len(failures)
+            assert victim not in runner.pids()
+
+
+# --------------------------------------------------------------------------- origin
+
+
+async def test_origin_queue_bound_gives_503_and_work_time_changes_live() -> None:
+    app = origin.create_app(workers=2, service_time=0.5, queue=1)
+    with serve(app) as served:
+        url = served.url
+        async with client() as session:
+            # 2 in service, 1 queued, 2 rejected at once.
+            results = await asyncio.gather(*(get_json(session, f"{url}/work") for _ in range(5)))
+            statuses = sorted(r[0] for r in results)
+            assert statuses == [200, 200, 200, 503, 503]
+            for status, body, elapsed in results:
+                if status == 503:
+                    assert body["error"] == "overloaded"
+                    assert elapsed < 0.4  # rejected without waiting for a slot
+                else:
+                    assert body["worked_seconds"] == 0.5
+            queued = [b["queued_seconds"] for s, b, _ in results if s == 200]
+            assert sorted(queued)[-1] >= 0.45  # the queued one waited for a slot
+
+            status, stats, _ = await get_json(session, f"{url}/admin/stats")
+            assert (stats["served"], stats["rejected"], stats["busy"], stats["queued"]) == (
+                3,
+                2,
+                0,
+                0,
+            )
+
+            async with session.put(f"{url}/admin/work-time", json={"seconds": 0.1}) as response:
+                assert response.status == 200
+                assert await response.json() == {"seconds": 0.1, "previous": 0.5}
+            status, body, elapsed = await get_json(session, f"{url}/work")
+            assert status == 200
+            assert body["worked_seconds"] == 0.1
+            assert 0.09 <= elapsed < 0.45
+
+            for payload in ({"seconds": 0}, {"seconds": "2"}, {"sec": 2}, {"seconds": 1e9}):
+                async with session.put(f"{url}/admin/work-time", json=payload) as response:
+                    assert response.status == 422, payload
+                    assert (await response.json())["field"] == "seconds"
+            status, stats, _ = await get_json(session, f"{url}/admin/stats")
+            assert stats["work_time"] == 0.1
+            assert stats["capacity_rps"] == pytest.approx(20.0)
+
+
+async def test_origin_queued_request_cancelled_frees_nothing_it_did_not_hold() -> None:
+    """A waiter cancelled while queued (server shutdown) leaves the slot count intact."""
+    service = origin.Origin(workers=1, service_time=0.2, queue=5)
+    holder = asyncio.create_task(service.work())
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(service.work())
+    await asyncio.sleep(0.01)
+    assert (service.busy, service.queued) == (1, 1)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await holder
+    assert (service.busy, service.queued, service.served) == (0, 0, 1)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize(
+    "model, settings, field",
+    [
+        ("hashburn", {"service_time": 0}, "service_time"),
+        ("hashburn", {"service_time": "fast"}, "service_time"),
+        ("origin", {"workers": 0}, "workers"),
+        ("origin", {"queue": -1}, "queue"),
+        ("origin", {"service_time": float("inf")}, "service_time"),
+        ("digits", {"workers": 0}, "workers"),
+        ("digits", {"mp_context": "thread"}, "mp_context"),
+        ("digits", {"job_timeout": -1.0}, "job_timeout"),
+        ("resnet", {}, "model"),
+    ],
+)
+def test_invalid_settings_fail_at_construction(
+    model: str, settings: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        create_demo_app(model, **settings)
+    assert info.value.field == field
+
+
+def test_every_demo_model_builds() -> None:
+    for model in DEMO_MODELS:
+        app = create_demo_app(model)
+        assert app.state.model == model
