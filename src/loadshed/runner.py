@@ -523,7 +523,8 @@ class ModelRunner(Generic[R]):
         percentiles = hist.get_percentile_to_value_dict([50, 90, 99]) if count else {}
 
         def seconds(percentile: float) -> float:
-            return percentiles[percentile] / 1e6 if count else 0.0
+            # HDR reports a bucket's upper edge; no percentile exceeds the exact maximum.
+            return min(percentiles[percentile] / 1e6, self._service_max) if count else 0.0
 
         return RunnerStats(
             workers=self._workers_wanted,
