@@ -368,3 +368,12 @@ def test_invalid_configuration_names_the_field(kwargs: dict[str, Any], field: st
         ModelRunner(job, **kwargs)
     assert info.value.field == field
     assert str(info.value).startswith(field)
+
+
+async def test_closures_need_fork_and_say_so_otherwise() -> None:
+    offset = 10
+    async with ModelRunner(lambda x: x + offset, workers=1, mp_context="fork") as runner:
+        assert await runner.run(1) == 11
+    runner = ModelRunner(lambda x: x + offset, workers=1, mp_context="spawn")
+    with pytest.raises(WorkerInitError, match="module-level"):
+        await runner.start()

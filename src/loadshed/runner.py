@@ -212,6 +212,11 @@ def _worker_main(
     """Worker process body: run the initializer once, then serve one job at a time."""
     # Ctrl-C in a terminal goes to the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the parent's Python signal handlers (a server's graceful-exit
+    # handler would make it ignore terminate()) and the event loop's signal wake-up fd (a
+    # signal to the worker would wake the parent's loop as if the parent got it).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
     try:
         if initializer is not None:
             initializer(*initargs)
@@ -359,7 +364,6 @@ class ModelRunner(Generic[R]):
         self._slots: list[_Worker | None] = [None] * workers
         self._idle: collections.deque[_Worker] = collections.deque()
         self._waiters: collections.deque[asyncio.Future[_Worker]] = collections.deque()
-        self._dying: set[_Worker] = set()
         self._all_dead: asyncio.Event | None = None
         # Futures of workers in their first start; resolved on ready or failure.
         self._startup: dict[int, asyncio.Future[None]] = {}
@@ -434,10 +438,18 @@ class ModelRunner(Generic[R]):
                 startups.append(future)
                 try:
                     self._spawn(slot)
-                except BaseException:
+                except Exception as exc:
                     self._startup.pop(slot, None)
                     await self._shutdown_workers()
-                    raise
+                    hint = (
+                        ""
+                        if self.start_method == "fork"
+                        else f"; with the {self.start_method} start method fn, initializer and "
+                        "initargs must pickle (use module-level functions)"
+                    )
+                    raise WorkerInitError(
+                        f"could not start a worker process: {exc!r}{hint}"
+                    ) from exc
             try:
                 await asyncio.gather(*startups)
             except BaseException:
@@ -689,7 +701,6 @@ class ModelRunner(Generic[R]):
         exitcode = worker.process.exitcode
         with contextlib.suppress(ValueError):
             self._idle.remove(worker)
-        self._dying.discard(worker)
         if self._slots[worker.slot] is worker:
             self._slots[worker.slot] = None
         job = worker.job
