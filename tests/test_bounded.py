@@ -251,6 +251,21 @@ async def test_cancelling_the_consumer_cancels_everything_in_flight() -> None:
     assert gauge.cancelled == 8
 
 
+async def test_aclose_from_another_task_ends_the_iteration() -> None:
+    gauge = Gauge()
+    results = bounded_map(lambda i: gauge.call(i, 30), gauge.source(100), 4)
+
+    async def consume() -> list[int]:
+        return [result async for result in results]
+
+    consumer = asyncio.ensure_future(consume())
+    await asyncio.sleep(0.01)
+    await results.aclose()
+    assert await asyncio.wait_for(consumer, 1) == []
+    assert gauge.cancelled == 4
+    assert all(task.done() for task in gauge.started)
+
+
 async def test_an_abandoned_iterator_cancels_its_calls_when_collected() -> None:
     gauge = Gauge()
     async for result in bounded_map(lambda i: gauge.call(i, 0 if i == 0 else 30), range(50), 5):

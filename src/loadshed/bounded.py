@@ -168,6 +168,8 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             while True:
                 if self._error is not None:
                     raise self._error
+                if self._closed:  # closed by aclose() from another task meanwhile
+                    raise StopAsyncIteration
                 result = self._take()
                 self._fill()
                 if result is not _NOTHING:
