@@ -634,11 +634,10 @@ class ModelRunner(Generic[R]):
         loop.add_reader(worker.sentinel, self._on_exit, worker)
 
     def _on_readable(self, worker: _Worker) -> None:
+        # One message per callback: the fd is readable, so recv() does not wait for the worker
+        # to start writing; a second queued message makes the fd fire again.
         try:
-            while worker.conn.poll():
-                self._on_message(worker, worker.conn.recv())
-                if worker.conn.closed:
-                    return
+            self._on_message(worker, worker.conn.recv())
         except (EOFError, OSError):
             # The worker is exiting; its sentinel reports the death.
             self._stop_reading(worker)
