@@ -46,6 +46,11 @@ def failing_initializer() -> None:
     raise RuntimeError("model file missing")
 
 
+def initializer_failing_while_file_exists(marker: str) -> None:
+    if os.path.exists(marker):
+        raise RuntimeError("model store unavailable")
+
+
 def scaled(x: int) -> tuple[int, int]:
     """Uses the model loaded by the initializer."""
     return x * MODEL["scale"], MODEL["pid"]
@@ -377,3 +382,24 @@ async def test_closures_need_fork_and_say_so_otherwise() -> None:
     runner = ModelRunner(lambda x: x + offset, workers=1, mp_context="spawn")
     with pytest.raises(WorkerInitError, match="module-level"):
         await runner.start()
+
+
+async def test_replacement_whose_initializer_fails_is_retried(tmp_path: Path) -> None:
+    marker = tmp_path / "store-down"
+    async with ModelRunner(
+        job,
+        workers=1,
+        initializer=initializer_failing_while_file_exists,
+        initargs=(str(marker),),
+        mp_context="fork",
+    ) as runner:
+        marker.touch()
+        with pytest.raises(WorkerCrashed):
+            await runner.run("die", "exit")
+        waiting = asyncio.create_task(runner.run("whoami"))
+        await asyncio.sleep(0.5)  # replacements keep failing (with back-off) meanwhile
+        assert not waiting.done()
+        assert runner.stats().restarts >= 2
+        marker.unlink()
+        pid = await asyncio.wait_for(waiting, 5.0)
+        assert pid in runner.pids()
