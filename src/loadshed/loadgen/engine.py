@@ -27,6 +27,7 @@ __all__ = ["Engine", "LiveCounters", "run_engine"]
 
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 _PROGRESS_INTERVAL_S = 0.25
+_EARLY_S = 0.0005  # send a request this early rather than sleep less than a timer tick
 _YIELD_EVERY = 64  # while catching up, let responses in at least this often
 
 
@@ -139,11 +140,14 @@ class Engine:
 
     # -- one request --------------------------------------------------------------------------
 
-    async def _request(self, session: aiohttp.ClientSession, origin: float) -> None:
+    async def _request(
+        self, session: aiohttp.ClientSession, origin: float, scheduled: float = 0.0
+    ) -> None:
         """Send one request; record its outcome if it belongs to the measured window.
 
         ``origin`` is where latency starts: the intended send time (open loop) or the actual
-        send time (closed loop).
+        send time (closed loop). ``scheduled`` places an open-loop request in or out of the
+        measured window.
         """
         options = self.options
         loop = asyncio.get_running_loop()
@@ -200,7 +204,7 @@ class Engine:
             # Closed loop counts what completes inside the window (as wrk does).
             if not self._window_start <= done_at <= self._window_end:
                 return
-        elif origin < self._window_start:
+        elif scheduled < self._window_start:
             # Open loop counts what was scheduled inside the window, however late it ends.
             return
         if kind == "timeout":
@@ -252,14 +256,21 @@ class Engine:
             for offset in arrival_offsets(options.rate, options.arrival, total, rng, self.phase):
                 intended = start + offset
                 delay = intended - now()
-                if delay > 0:
+                if delay > _EARLY_S:
                     burst = 0
                     await asyncio.sleep(delay)
                 else:
                     burst += 1
                     if burst % _YIELD_EVERY == 0:
                         await asyncio.sleep(0)
-                lag = max(0.0, now() - intended)
+                sent = now()
+                lag = sent - intended
+                # Timers tick in milliseconds (uvloop's can fire up to ~1 ms early), so requests
+                # due within _EARLY_S go now. An early request's latency starts when it is sent,
+                # a late one's when it should have been sent.
+                origin = intended
+                if lag < 0:
+                    lag, origin = 0.0, sent
                 in_window = intended >= self._window_start
                 if lag > live.max_lag_s:
                     live.max_lag_s = lag
@@ -271,7 +282,7 @@ class Engine:
                     if in_window:
                         self.result.not_sent += 1
                     continue
-                task = asyncio.ensure_future(self._request(session, intended))
+                task = asyncio.ensure_future(self._request(session, origin, intended))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
             # Every scheduled request gets an outcome: wait for the tail (bounded by timeouts).
