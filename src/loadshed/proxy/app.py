@@ -91,6 +91,15 @@ class ProxyMetrics(Collector):
             registry=metrics.registry,
         )
         metrics.registry.register(self)
+        self._response_children: dict[tuple[str, int], Any] = {}
+
+    def count_response(self, upstream: str, status: int) -> None:
+        """Count one upstream answer (label children cached: labels() takes a lock)."""
+        child = self._response_children.get((upstream, status))
+        if child is None:
+            child = self.responses.labels(upstream, str(status))
+            self._response_children[(upstream, status)] = child
+        child.inc()
 
     def collect(self) -> list[Metric]:
         up = GaugeMetricFamily(
@@ -141,14 +150,18 @@ class _ClientWatch:
 
     __slots__ = ("_chunks", "_exchange", "_receive", "reader")
 
-    def __init__(self, receive: Receive, exchange: _Exchange) -> None:
+    def __init__(self, receive: Receive, exchange: _Exchange, has_body: bool) -> None:
         self._receive = receive
         self._exchange = exchange
-        self._chunks: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
+        # A queue costs more than the rest of the watch: only bodies need one.
+        self._chunks: asyncio.Queue[bytes | None] | None = (
+            asyncio.Queue(maxsize=4) if has_body else None
+        )
         self.reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
-        body_done = False
+        chunks = self._chunks
+        body_done = chunks is None
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
@@ -156,17 +169,20 @@ class _ClientWatch:
                 return
             if body_done:
                 continue
+            assert chunks is not None
             body = message.get("body", b"")
             if body:
-                await self._chunks.put(bytes(body))
+                await chunks.put(bytes(body))
             if not message.get("more_body", False):
                 body_done = True
-                await self._chunks.put(None)
+                await chunks.put(None)
 
     async def body(self) -> AsyncIterator[bytes]:
         """The request body, chunk by chunk, as the client sends it."""
+        chunks = self._chunks
+        assert chunks is not None, "no body was announced"
         while True:
-            chunk = await self._chunks.get()
+            chunk = await chunks.get()
             if chunk is None:
                 return
             yield chunk
@@ -307,7 +323,8 @@ class ProxyApp:
         task = asyncio.current_task()
         assert task is not None
         exchange = _Exchange(task)
-        watch = _ClientWatch(receive, exchange)
+        has_body = _has_body(scope)
+        watch = _ClientWatch(receive, exchange, has_body)
         timer = asyncio.get_running_loop().call_later(wait_limit, exchange.interrupt, "deadline")
         response: aiohttp.ClientResponse | None = None
         try:
@@ -316,7 +333,7 @@ class ProxyApp:
                     scope["method"],
                     url,
                     headers=headers,
-                    data=watch.body() if _has_body(scope) else None,
+                    data=watch.body() if has_body else None,
                     allow_redirects=False,
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
@@ -329,7 +346,7 @@ class ProxyApp:
             timer.cancel()  # the deadline bounds the wait for headers, not a stream's length
             self.pool.answered(upstream)
             status = response.status
-            self.proxy_metrics.responses.labels(upstream.name, str(status)).inc()
+            self.proxy_metrics.count_response(upstream.name, status)
             if token is not None and status in _DROP_STATUSES:
                 token.dropped()
             await self._stream_response(response, send, watch, upstream, token)
