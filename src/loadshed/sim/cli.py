@@ -283,6 +283,13 @@ def paradox(**options: Any) -> None:
 @click.option("--rate", type=float, default=5.0, show_default=True, help="Requests per second.")
 @click.option("--arrivals", type=click.Choice(ARRIVAL_KINDS), default="constant", show_default=True)
 @click.option(
+    "--burst-size",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Requests per burst with --arrivals bursts.",
+)
+@click.option(
     "--client-workers",
     type=int,
     default=10,
@@ -313,6 +320,7 @@ def capacity_change(**options: Any) -> None:
         sigma=options["sigma"],
         rate=options["rate"],
         arrivals=options["arrivals"],
+        burst_size=options["burst_size"],
         client_workers=options["client_workers"],
         timeout=options["timeout"],
         rtt=options["rtt"],
@@ -337,6 +345,13 @@ def capacity_change(**options: Any) -> None:
     help="Offered load as a fraction of the healthy fleet's capacity.",
 )
 @click.option("--arrivals", type=click.Choice(ARRIVAL_KINDS), default="poisson", show_default=True)
+@click.option(
+    "--burst-size",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Requests per burst with --arrivals bursts.",
+)
 @click.option("--balancer", type=click.Choice(BALANCERS), default="round-robin", show_default=True)
 @click.option(
     "--slow-fraction",
@@ -373,6 +388,7 @@ def fleet(**options: Any) -> None:
         rate=options["rate"],
         load=options["load"],
         arrivals=options["arrivals"],
+        burst_size=options["burst_size"],
         balancer=options["balancer"],
         slow_fraction=options["slow_fraction"],
         slow_factor=options["slow_factor"],

@@ -249,6 +249,7 @@ def run_capacity_change(
     sigma: float = 0.5,
     rate: float = 5.0,
     arrivals: str = "constant",
+    burst_size: int = 10,
     client_workers: int = 10,
     timeout: float = 2.5,
     rtt: float = 0.001,
@@ -273,7 +274,7 @@ def run_capacity_change(
     if not 0 < change < duration:
         raise ConfigError("change_at", f"must be within (0, {duration:g}) seconds, got {change:g}")
     service = ServiceConfig(service_time, dist, sigma, change_to=change_to, change_at=change)
-    arrival_process = make_arrivals(arrivals, rate)
+    arrival_process = make_arrivals(arrivals, rate, burst_size)
     config = ClientConfig(timeout=timeout, rtt=rtt, send_deadline=send_deadline)
     engine = Engine()
     rng = _seeded(seed)
@@ -338,6 +339,7 @@ def run_capacity_change(
             "change_at_s": change,
             "rate": rate,
             "arrivals": arrivals,
+            "burst_size": burst_size,
             "client_workers": client_workers,
             "timeout_s": timeout,
             "rtt_s": rtt,
@@ -363,6 +365,7 @@ def run_fleet(
     rate: float | None = None,
     load: float = 0.8,
     arrivals: str = "poisson",
+    burst_size: int = 10,
     balancer: str = "round-robin",
     slow_fraction: float = 0.1,
     slow_factor: float = 4.0,
@@ -401,7 +404,7 @@ def run_fleet(
     service = ServiceConfig(service_time, dist, sigma)
     capacity = replicas * workers / service_time
     offered = capacity * load if rate is None else rate
-    arrival_process = make_arrivals(arrivals, offered)
+    arrival_process = make_arrivals(arrivals, offered, burst_size)
     config = ClientConfig(timeout=timeout, rtt=rtt, send_deadline=send_deadline, retries=retries)
 
     engine = Engine()
@@ -485,6 +488,7 @@ def run_fleet(
             "sigma": sigma,
             "rate": _round(offered),
             "arrivals": arrivals,
+            "burst_size": burst_size,
             "balancer": balancer,
             "slowed_replicas": len(slowed),
             "slow_factor": slow_factor,
