@@ -103,11 +103,12 @@ class Replica:
             self._answer(request, Status.REJECTED)
             return
         if isinstance(result, Token):
+            # admitted at once: neither the queue nor the limit changed
             request.token = result
             self.origin.start(request)
         else:
             request.ticket = result
-        self._after_change()
+            self._after_change()
 
     # -- admission callbacks ----------------------------------------------------
 
@@ -149,7 +150,7 @@ class Replica:
             self._departed(request)
         else:
             admission.client_gave_up(self._engine.clock.now() - request.arrived_at)
-        self._after_change()
+        # leaving can only make the earliest expiry later: the pending event is enough
 
     def _answer(self, request: Request, status: int) -> None:
         self._departed(request)
