@@ -99,6 +99,10 @@ def raise_unpicklable() -> None:
     raise Unpicklable(1, 2)
 
 
+def return_unpicklable() -> Any:
+    return lambda: None
+
+
 def job(action: str, *args: Any) -> Any:
     """One entry point for the runner under test, so a test can mix kinds of jobs."""
     actions: dict[str, Callable[..., Any]] = {
@@ -106,6 +110,7 @@ def job(action: str, *args: Any) -> Any:
         "die": die,
         "raise": raise_model_error,
         "raise_unpicklable": raise_unpicklable,
+        "return_unpicklable": return_unpicklable,
         "scaled": scaled,
         "whoami": whoami,
     }
@@ -291,13 +296,15 @@ async def test_exceptions_from_fn_keep_their_type_and_traceback() -> None:
         # An exception that cannot be pickled back still reaches the caller, named.
         with pytest.raises(Exception, match="Unpicklable"):
             await runner.run("raise_unpicklable")
+        with pytest.raises(Exception, match="result could not be sent"):
+            await runner.run("return_unpicklable")
         # An argument that cannot be pickled fails in the caller; the worker is untouched.
         with pytest.raises((AttributeError, TypeError, ValueError)):
             await runner.run("sleep", lambda: None, 0.0)
         assert runner.stats().idle == 1
         assert (await runner.run("sleep", "ok", 0.0))["label"] == "ok"
         stats = runner.stats()
-    assert (stats.failed, stats.completed, stats.crashed) == (2, 1, 0)
+    assert (stats.failed, stats.completed, stats.crashed) == (3, 1, 0)
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
