@@ -45,8 +45,9 @@ from hdrh.histogram import HdrHistogram
 from requests.adapters import HTTPAdapter
 
 from loadshed.bounded import bounded_map
-from loadshed.client import AdaptiveClient, Response
-from loadshed.limits import AIMD
+from loadshed.client import AdaptiveClient, Response, default_client_limit
+from loadshed.errors import Rejected
+from loadshed.limits import AIMD, LimitAlgorithm, Windowed, make_limit
 
 SLOTS = 16
 WORK_LOW_S = 0.025
@@ -259,10 +260,17 @@ async def adaptive(url: str, calls: int, recorder: Recorder, limit: str) -> dict
     """AdaptiveClient, no configured concurrency, fed by client.map."""
     limits: list[int] = []
     options: dict[str, Any] = {}
-    if limit.startswith("aimd/"):  # aimd/<backoff ratio>
-        options["limit"] = AIMD(backoff_ratio=float(limit.partition("/")[2]))
-    elif limit != "default":
-        options["limit"] = limit
+    spec, _, per = limit.partition("@")
+    algorithm: LimitAlgorithm | str | None = None
+    if spec.startswith("aimd/"):  # aimd/<backoff ratio>
+        algorithm = AIMD(backoff_ratio=float(spec.partition("/")[2]))
+    elif spec != "default":
+        algorithm = make_limit(spec)
+    if per:  # <spec>@<N>: one update per N samples (Windowed)
+        inner = default_client_limit() if algorithm is None else make_limit(algorithm)
+        algorithm = Windowed(inner, window=1e-6, min_samples=int(per))
+    if algorithm is not None:
+        options["limit"] = algorithm
     async with AdaptiveClient(timeout=CALL_TIMEOUT_S, **options) as client:
 
         async def call(index: int) -> Response:
@@ -278,6 +286,8 @@ async def adaptive(url: str, calls: int, recorder: Recorder, limit: str) -> dict
             async for result in client.map(call, range(calls), return_exceptions=True):
                 if isinstance(result, TimeoutError):
                     recorder.outcomes["timeout"] += 1
+                elif isinstance(result, Rejected):
+                    recorder.outcomes[f"rejected:{result.reason}"] += 1
                 elif isinstance(result, BaseException):
                     recorder.outcomes[f"error:{type(result).__name__}"] += 1
                 elif result.status == 200:

@@ -17,7 +17,7 @@ from aiohttp import web
 from loadshed.client import AdaptiveClient, ClientThrottled, Response, UpstreamError
 from loadshed.clock import VirtualClock
 from loadshed.errors import ConfigError, Rejected
-from loadshed.limits import AIMD, Fixed
+from loadshed.limits import AIMD, Fixed, Windowed
 from loadshed.retry import Backoff, RetryBudget, parse_retry_after
 from loadshed.throttle import AdaptiveThrottle
 
@@ -113,8 +113,9 @@ async def test_the_deadline_is_sent_and_enforced(upstream: Upstream) -> None:
 async def test_connection_pool_is_sized_from_the_limit() -> None:
     async with AdaptiveClient("http://127.0.0.1:9") as client:
         default = client.limiter.admission.algorithm
-        assert isinstance(default, AIMD)
-        assert default.backoff_ratio == 0.5
+        assert isinstance(default, Windowed)
+        assert isinstance(default.inner, AIMD)
+        assert default.inner.backoff_ratio == 0.5
         assert client.session.connector is not None
         assert client.session.connector.limit == default.max_limit == 128
     algorithm = AIMD(initial_limit=4, max_limit=77)

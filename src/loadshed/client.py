@@ -12,7 +12,8 @@ What it does for each call:
    what it is sent, refuse attempts locally (:class:`ClientThrottled`) with
    probability ``max(0, (requests - 2 accepts) / (requests + 1))`` over a window.
 2. **Adaptive concurrency**: a :class:`~loadshed.limiter.Limiter` (default: AIMD,
-   halving on overload) holds calls beyond the current limit in a local queue. 429, 502, 503, 504,
+   halving on overload, once per window of calls) holds calls beyond the current
+   limit in a local queue. 429, 502, 503, 504,
    timeouts and connection errors are *dropped* samples (overload: the limit
    shrinks); other answers are successes (their latency is a capacity sample).
 3. **The connection pool** is sized from the limit algorithm's ``max_limit``, so
@@ -48,7 +49,7 @@ from loadshed.bounded import BoundedMap, bounded_map
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import ConfigError, LoadshedError, Priority
 from loadshed.limiter import Limiter
-from loadshed.limits import AIMD, make_limit
+from loadshed.limits import AIMD, Windowed, make_limit
 from loadshed.limits.base import LimitAlgorithm, Sample
 from loadshed.retry import Backoff, RetryBudget, parse_retry_after
 from loadshed.throttle import AdaptiveThrottle
@@ -190,17 +191,20 @@ class ClientStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def default_client_limit() -> AIMD:
-    """The client's default limit: AIMD (initial 4, min 1, max 128) halving on drops.
+def default_client_limit() -> Windowed:
+    """The client's default limit: AIMD (initial 4, min 1, max 128) that halves on an
+    overload sign, updated once per window of at least 8 calls (and 10 ms).
 
     Loss-based, because a client learns of overload from the upstream's answers
-    (429/503, timeouts). It halves (TCP Reno's ratio) rather than Netflix's x0.9:
-    against an upstream with a queue, x0.9 climbs back to the queue's edge within a
-    few calls and is refused about one call in ten, more than the 10 % retry budget
-    can absorb; halving is refused about half as often, within the budget, while
-    the limit stays above the upstream's slots (``bench/e3_remote_inference.py``).
+    (429/503, timeouts, connection errors). Two changes from per-call AIMD with
+    Netflix's x0.9, each measured with ``bench/e3_remote_inference.py`` against an
+    upstream that queues then refuses: per call, x0.9 is back at the queue's edge
+    within a few calls and is refused about one call in ten, more than the 10 %
+    retry budget absorbs; and a burst of refusals, one halving each, collapses the
+    limit to 1 while calls are waiting. Halving once per window keeps the limit
+    above the upstream's slots and is refused about one call in a hundred.
     """
-    return AIMD(backoff_ratio=0.5)
+    return Windowed(AIMD(backoff_ratio=0.5), window=0.01, min_samples=8)
 
 
 class _LimitView(LimitAlgorithm):
@@ -230,8 +234,8 @@ class AdaptiveClient:
     Parameters (all keyword-only except ``base_url``):
         base_url: prefix for relative URLs (ignored when ``session`` is given).
         limit: limit algorithm or spec for :func:`loadshed.limits.make_limit`
-            (default :func:`default_client_limit`: AIMD that grows by one per busy
-            success and halves on an overload sign).
+            (default :func:`default_client_limit`: AIMD that grows by one and halves
+            on an overload sign, once per window of 8 calls).
         timeout: default deadline of a call in seconds (queue + attempts + backoff);
             None for none. Per call: ``request(..., timeout=...)``.
         session: an existing :class:`aiohttp.ClientSession` to wrap (not closed by
