@@ -141,9 +141,10 @@ async def test_client_errors_are_ignored_by_the_limit() -> None:
     assert counts.get("dropped", 0) == 0
 
 
-async def test_slow_upstream_gets_504_at_the_deadline_and_deadline_is_forwarded() -> None:
+async def test_slow_upstream_gets_504_at_the_deadline_and_keeps_its_slot_until_done() -> None:
     recorder = Recorder()
-    with serve_asgi(slow_app(5.0, recorder)) as upstream, run_proxy(upstream) as (url, proxy):
+    with serve_asgi(slow_app(1.5, recorder)) as upstream, run_proxy(upstream) as (url, proxy):
+        limiter = proxy.pool.upstreams[0].limiter
         async with aiohttp.ClientSession() as session:
             started = time.monotonic()
             async with session.get(url + "/slow", headers={"X-Request-Timeout": "0.5"}) as response:
@@ -152,23 +153,43 @@ async def test_slow_upstream_gets_504_at_the_deadline_and_deadline_is_forwarded(
             assert response.status == 504
             assert body["error"] == "gateway_timeout"
             assert body["fault"] == "timeout"
-            assert 0.4 <= elapsed < 2.0
-            # The upstream learned how long it had, and saw the proxy hang up.
+            assert 0.4 <= elapsed < 1.2
+            # The upstream learned how long it had...
             forwarded = dict(recorder.requests[0]["headers"])
             assert 0.3 < float(forwarded["x-request-timeout"]) <= 0.5
+            # ...and still works on it: the proxy holds the slot and the connection.
+            assert limiter.inflight == 1
+            assert not recorder.disconnected.is_set()
+            while limiter.inflight and time.monotonic() - started < 5:
+                await asyncio.sleep(0.02)
+            assert 1.4 <= time.monotonic() - started < 3.0
+        assert limiter.snapshot().counts.get("dropped") == 1
+        assert not recorder.disconnected.is_set()
+
+
+async def test_slow_upstream_with_close_abandoned_is_cut_off_at_the_deadline() -> None:
+    recorder = Recorder()
+    with (
+        serve_asgi(slow_app(5.0, recorder)) as upstream,
+        run_proxy(upstream, hold_abandoned=False) as (url, proxy),
+    ):
+        async with aiohttp.ClientSession() as session:
+            started = time.monotonic()
+            async with session.get(url + "/slow", headers={"X-Request-Timeout": "0.5"}) as response:
+                assert response.status == 504
+                await response.read()
+            assert time.monotonic() - started < 1.2
             assert await asyncio.to_thread(recorder.disconnected.wait, 3)
-        counts = proxy.pool.upstreams[0].limiter.snapshot().counts
-    assert counts.get("dropped") == 1
+        limiter = proxy.pool.upstreams[0].limiter
+        assert limiter.inflight == 0
+        assert limiter.snapshot().counts.get("dropped") == 1
 
 
 async def test_default_deadline_flag_applies_without_header() -> None:
     recorder = Recorder()
     with (
         serve_asgi(slow_app(5.0, recorder)) as upstream,
-        run_proxy(upstream, deadline=0.3) as (
-            url,
-            _,
-        ),
+        run_proxy(upstream, deadline=0.3, hold_abandoned=False) as (url, _),
     ):
         async with aiohttp.ClientSession() as session:
             started = time.monotonic()
@@ -177,9 +198,12 @@ async def test_default_deadline_flag_applies_without_header() -> None:
             assert time.monotonic() - started < 2.0
 
 
-async def test_client_leaving_closes_the_upstream_request() -> None:
+async def test_client_leaving_closes_the_upstream_request_with_close_abandoned() -> None:
     recorder = Recorder()
-    with serve_asgi(slow_app(5.0, recorder)) as upstream, run_proxy(upstream) as (url, proxy):
+    with (
+        serve_asgi(slow_app(5.0, recorder)) as upstream,
+        run_proxy(upstream, hold_abandoned=False) as (url, proxy),
+    ):
         async with aiohttp.ClientSession() as session:
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(session.get(url + "/slow"), 0.3)
@@ -188,6 +212,24 @@ async def test_client_leaving_closes_the_upstream_request() -> None:
         limiter = proxy.pool.upstreams[0].limiter
         assert limiter.inflight == 0
         assert limiter.snapshot().counts.get("ignored") == 1
+
+
+async def test_client_leaving_holds_the_slot_until_the_upstream_answers() -> None:
+    recorder = Recorder()
+    with serve_asgi(slow_app(1.0, recorder)) as upstream, run_proxy(upstream) as (url, proxy):
+        limiter = proxy.pool.upstreams[0].limiter
+        started = time.monotonic()
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(session.get(url + "/slow"), 0.3)
+        await asyncio.sleep(0.2)
+        assert limiter.inflight == 1  # the upstream is still working on it
+        while limiter.inflight and time.monotonic() - started < 5:
+            await asyncio.sleep(0.02)
+        assert 0.9 <= time.monotonic() - started < 3.0
+        # The upstream answered 200 after its full work: a true service-time sample.
+        assert limiter.snapshot().counts.get("success") == 1
+        assert not recorder.disconnected.is_set()
 
 
 def test_absolute_form_target_is_refused_and_never_forwarded() -> None:

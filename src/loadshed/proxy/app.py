@@ -10,10 +10,11 @@ while queued) is exactly the in-process middleware's. ``ProxyApp`` then:
   is buffered, so chunked and server-sent-event responses flow as they come;
 - watches the client for the whole exchange: a client that leaves closes the
   upstream connection (the upstream stops writing to nobody);
-- bounds the wait for the upstream's response headers by the request's deadline
-  (``X-Request-Timeout`` or ``--deadline``) and ``upstream_timeout``, and the gap
-  between body chunks by ``read_timeout``; forwards the time left as
-  ``X-Request-Timeout``;
+- answers 504 when the request's deadline (``X-Request-Timeout`` or ``--deadline``)
+  passes before the upstream's response headers, and forwards the time left as
+  ``X-Request-Timeout``; by default keeps waiting for the upstream (and holding its
+  slot in the limit) until it answers or ``upstream_timeout`` passes, see
+  :class:`_Exchange`; the gap between body chunks is bounded by ``read_timeout``;
 - releases the token itself when it knows better than the status code: upstream
   429/503, refused, reset and timeout are drops; the middleware treats other 5xx
   as drops and 4xx as ignored.
@@ -42,6 +43,7 @@ from loadshed.admission import Token
 from loadshed.asgi import LoadShedMiddleware
 from loadshed.clock import Clock
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_timeout_seconds
+from loadshed.errors import Outcome
 from loadshed.limiter import Limiter
 from loadshed.limits import make_limit
 from loadshed.metrics import LoadshedMetrics
@@ -112,26 +114,60 @@ class ProxyMetrics(Collector):
 
 
 class _Exchange:
-    """One request's upstream exchange, interruptible from outside.
+    """One request's upstream exchange and what happened to it from outside.
 
-    A client disconnect or the deadline cancels the request's task with a reason;
-    the task sees CancelledError at its next await (wherever the exchange is:
-    connecting, uploading, waiting for headers, streaming) and aiohttp closes the
-    upstream connection. Cancelling the task costs nothing per request, unlike
-    wrapping every exchange in a task of its own.
+    A client disconnect or the hard time limit cancels the request's task with a
+    reason; the task sees CancelledError at its next await (connecting, uploading,
+    waiting for headers, streaming) and aiohttp closes the upstream connection.
+    Cancelling the task costs nothing per request, unlike a task per exchange.
+
+    With ``hold`` (the default), a request abandoned before the upstream answered
+    (the client left, or its deadline passed and it got its 504) is *not* cut off:
+    the proxy keeps waiting for the upstream's answer and keeps its slot in the
+    limit until then. A server that does not notice disconnects keeps working on
+    it anyway, and a limiter that freed the slot early would send it more work
+    than the limit allows: the overload the limit is there to prevent.
     """
 
-    __slots__ = ("_task", "interrupted")
+    __slots__ = (
+        "_task",
+        "answered",
+        "client_gone",
+        "headers_received",
+        "hold",
+        "interrupted",
+        "sender",
+    )
 
-    def __init__(self, task: asyncio.Task[Any]) -> None:
+    def __init__(self, task: asyncio.Task[Any], hold: bool) -> None:
         self._task = task
+        self.hold = hold
         self.interrupted: str | None = None
+        self.headers_received = False
+        self.client_gone = False
+        self.answered = False  # the client got a 504 while the upstream still works
+        self.sender: asyncio.Future[None] | None = None
 
     def interrupt(self, reason: str) -> None:
         """Stop the exchange for ``reason`` (``client_gone`` or ``deadline``); first wins."""
         if self.interrupted is None:
             self.interrupted = reason
             self._task.cancel()
+
+    def client_left(self) -> None:
+        """The client disconnected."""
+        self.client_gone = True
+        if not self.hold or self.headers_received:
+            self.interrupt("client_gone")
+
+    def deadline_passed(self, answer: Callable[[], Awaitable[None]]) -> None:
+        """The request's deadline passed before the upstream answered (hold mode):
+        answer the client now, keep waiting for the upstream."""
+        if self.headers_received or self.answered:
+            return
+        self.answered = True
+        if not self.client_gone:
+            self.sender = asyncio.ensure_future(answer())
 
     def absorb(self) -> None:
         """Swallow our own cancellation (Python 3.11+ counts them)."""
@@ -165,7 +201,7 @@ class _ClientWatch:
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
-                self._exchange.interrupt("client_gone")
+                self._exchange.client_left()
                 return
             if body_done:
                 continue
@@ -191,6 +227,15 @@ class _ClientWatch:
         """Stop watching (before the last response message: after it uvicorn reports a
         disconnect that is not the client's)."""
         self.reader.cancel()
+
+
+def _outcome(status: int) -> Outcome:
+    """What an upstream status says about its capacity (as the middleware reads it)."""
+    if status >= 500 or status in _DROP_STATUSES:
+        return Outcome.DROPPED
+    if status >= 400:
+        return Outcome.IGNORED
+    return Outcome.SUCCESS
 
 
 def _has_body(scope: Scope) -> bool:
@@ -307,14 +352,12 @@ class ProxyApp:
         self, scope: Scope, receive: Receive, send: Send, upstream: Upstream, token: Token | None
     ) -> None:
         remaining = self._remaining(scope, token, upstream.limiter.clock)
-        wait_limit = self.config.upstream_timeout
-        if remaining is not None:
-            wait_limit = min(wait_limit, remaining)
-        if wait_limit <= 0:
+        hard_limit = self.config.upstream_timeout
+        soft_limit = remaining if remaining is not None and remaining < hard_limit else None
+        if soft_limit is not None and soft_limit <= 0:
             self._fault(upstream, token, UpstreamFault.TIMEOUT)
-            await _send_error(
-                send, 504, fault_body(UpstreamFault.TIMEOUT, "deadline already passed")
-            )
+            detail = "deadline already passed"
+            await _send_error(send, 504, fault_body(UpstreamFault.TIMEOUT, detail))
             return
         query = scope.get("query_string", b"")
         target = upstream.url.prefix.encode() + scope["raw_path"] + (b"?" + query if query else b"")
@@ -322,10 +365,24 @@ class ProxyApp:
         headers = request_headers(scope, upstream.url.host_header, remaining)
         task = asyncio.current_task()
         assert task is not None
-        exchange = _Exchange(task)
+        hold = self.config.hold_abandoned
+        exchange = _Exchange(task, hold)
         has_body = _has_body(scope)
         watch = _ClientWatch(receive, exchange, has_body)
-        timer = asyncio.get_running_loop().call_later(wait_limit, exchange.interrupt, "deadline")
+        loop = asyncio.get_running_loop()
+        soft_timer: asyncio.TimerHandle | None = None
+        if hold and soft_limit is not None:
+
+            async def answer_timeout() -> None:
+                self.proxy_metrics.faults.labels(upstream.name, UpstreamFault.TIMEOUT.value).inc()
+                detail = f"no response headers within {soft_limit:.3g}s"
+                await _send_error(send, 504, fault_body(UpstreamFault.TIMEOUT, detail))
+
+            soft_timer = loop.call_later(soft_limit, exchange.deadline_passed, answer_timeout)
+            wait_limit = hard_limit
+        else:
+            wait_limit = soft_limit if soft_limit is not None else hard_limit
+        hard_timer = loop.call_later(wait_limit, exchange.interrupt, "deadline")
         response: aiohttp.ClientResponse | None = None
         try:
             try:
@@ -337,16 +394,25 @@ class ProxyApp:
                     allow_redirects=False,
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
-                timer.cancel()
-                watch.stop()
                 fault = classify(error)
                 self._fault(upstream, token, fault)
-                await _send_error(send, fault.status, fault_body(fault))
+                if not (exchange.answered or exchange.client_gone):
+                    watch.stop()
+                    await _send_error(send, fault.status, fault_body(fault))
                 return
-            timer.cancel()  # the deadline bounds the wait for headers, not a stream's length
+            # The deadline bounds the wait for headers, not a stream's length.
+            exchange.headers_received = True
+            hard_timer.cancel()
+            if soft_timer is not None:
+                soft_timer.cancel()
             self.pool.answered(upstream)
             status = response.status
             self.proxy_metrics.count_response(upstream.name, status)
+            if exchange.answered or exchange.client_gone:
+                # Abandoned while the upstream worked: its slot is free only now.
+                if token is not None:
+                    token.release(Outcome.DROPPED if exchange.answered else _outcome(status))
+                return
             if token is not None and status in _DROP_STATUSES:
                 token.dropped()
             await self._stream_response(response, send, watch, upstream, token)
@@ -354,22 +420,30 @@ class ProxyApp:
             if exchange.interrupted is None:
                 raise
             exchange.absorb()
-            timer.cancel()
             watch.stop()
             if exchange.interrupted == "deadline" and response is None:
-                self._fault(upstream, token, UpstreamFault.TIMEOUT)
-                detail = f"no response headers within {wait_limit:.3g}s"
-                await _send_error(send, 504, fault_body(UpstreamFault.TIMEOUT, detail))
+                if exchange.answered:  # 504 sent and counted at the deadline already
+                    if token is not None:
+                        token.dropped()
+                else:
+                    self._fault(upstream, token, UpstreamFault.TIMEOUT)
+                if not (exchange.answered or exchange.client_gone):
+                    detail = f"no response headers within {wait_limit:.3g}s"
+                    await _send_error(send, 504, fault_body(UpstreamFault.TIMEOUT, detail))
             elif token is not None:
                 token.ignored()  # the client left: says nothing about the upstream
         finally:
-            timer.cancel()
+            hard_timer.cancel()
+            if soft_timer is not None:
+                soft_timer.cancel()
             watch.stop()
             if response is not None:
                 if response.content.at_eof():
                     response.release()  # back to the keep-alive pool
                 else:
                     response.close()  # cut short: the connection cannot be reused
+            if exchange.sender is not None:
+                await exchange.sender  # the 504 must be complete before the app returns
 
     async def _stream_response(
         self,

@@ -104,6 +104,11 @@ class ProxyConfig:
       most servers accept; larger get 414 / 431.
     - ``max_body_bytes`` 8 MiB: a queued request's body is buffered (to notice a
       disconnect while it waits), so this bounds memory per queued request.
+    - ``hold_abandoned=True``: a request whose client left or whose deadline passed
+      (504) keeps its slot in the limit until the upstream answers (bounded by
+      ``upstream_timeout``): most servers keep working on abandoned requests, and
+      freeing the slot early would overload them. ``False`` closes the upstream
+      connection at once, for servers that stop work on disconnect.
     """
 
     upstreams: tuple[UpstreamURL, ...]
@@ -122,6 +127,7 @@ class ProxyConfig:
     max_header_bytes: int = 65536
     max_body_bytes: int = 8 << 20
     reject_status: int = 503
+    hold_abandoned: bool = True
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
 
