@@ -252,3 +252,35 @@ def test_bad_settings_fail_at_construction() -> None:
         run_paradox(limiter=LimiterConfig("none"), timeout=0.0)
     with pytest.raises(ConfigError, match="sigma"):
         ServiceConfig(1.0, "lognormal", sigma=0.0)
+
+
+def test_give_ups_teach_the_limiter_its_clients_patience() -> None:
+    engine = Engine()
+    admission = Admission(Fixed(1), engine.clock, max_queue_wait=30.0)
+    replica = _replica(engine, admission)
+    recorder = Recorder([Phase("run", 0.0, 20.0)])
+    config = ClientConfig(timeout=1.5, send_deadline=False)
+    ClosedLoop(engine, replica, config, recorder, clients=6, stop=20.0)
+    engine.run(20.0)
+    snapshot = admission.snapshot()
+    assert snapshot.counts["rejected:client_gone"] >= 3
+    # the clients wait 1.5 s from sending; the server sees them 0.5 ms later
+    assert snapshot.patience_s is not None
+    assert 1.0 < snapshot.patience_s <= 1.5
+
+
+def test_retries_through_the_balancer_recover_rejections() -> None:
+    common = dict(
+        replicas=10, duration=30.0, balancer="random", load=0.9, slow_fraction=0.0, seed=3
+    )
+    limiter = LimiterConfig("fixed", limit_value=2, max_queue=0)
+    once = run_fleet(limiter=limiter, retries=0, **common)  # type: ignore[arg-type]
+    twice = run_fleet(limiter=limiter, retries=1, **common)  # type: ignore[arg-type]
+    goodput_once = sum(s["success"] for s in once["steps"])
+    goodput_twice = sum(s["success"] for s in twice["steps"])
+    rejected_once = sum(s["rejected"] for s in once["steps"])
+    rejected_twice = sum(s["rejected"] for s in twice["steps"])
+    # a fixed limit of 2 on 2 workers at 90 % load refuses about half the attempts
+    # (Erlang loss); a retry on another replica turns some of them into successes
+    assert rejected_twice < 0.8 * rejected_once
+    assert goodput_twice > 1.1 * goodput_once
