@@ -148,7 +148,7 @@ async def test_n_workers_run_n_jobs_at_once() -> None:
 async def test_no_job_dispatched_past_worker_count(tmp_path: Path) -> None:
     log = tmp_path / "started.log"
     async with ModelRunner(job, workers=2, mp_context="fork") as runner:
-        tasks = [asyncio.create_task(runner.run("sleep", f"j{i}", 0.5, str(log))) for i in range(3)]
+        tasks = [asyncio.create_task(runner.run("sleep", f"j{i}", 0.8, str(log))) for i in range(3)]
         await wait_until(lambda: len(read_log(log)) == 2)
         await asyncio.sleep(0.2)  # the third must still not have reached a worker
         assert len(read_log(log)) == 2

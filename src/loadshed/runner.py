@@ -26,7 +26,6 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
-import os
 import pickle
 import signal
 import sys
@@ -816,5 +815,5 @@ class ModelRunner(Generic[R]):
         state = "closed" if self._closed else ("running" if self._started else "new")
         return (
             f"<ModelRunner {state} {self.start_method} workers={s.workers} busy={s.busy} "
-            f"idle={s.idle} waiting={s.waiting} pid={os.getpid()}>"
+            f"idle={s.idle} waiting={s.waiting}>"
         )
