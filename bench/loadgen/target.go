@@ -4,6 +4,8 @@
 //	go run target.go -addr 127.0.0.1:18090 -mode trivial         # 200 "ok" at once
 //	go run target.go -addr 127.0.0.1:18090 -mode sleep -sleep 2ms # each response after 2 ms
 //	go run target.go -addr 127.0.0.1:18090 -mode stall            # pauses 1 s every 5 s
+//	go run target.go -addr 127.0.0.1:18090 -mode workers -workers 4 -sleep 10ms
+//	                                              # 4 workers of 10 ms: capacity 400 req/s
 //
 // GET /count returns the number of requests served (other paths) so far: the comparison
 // scripts read it to count requests the same way for every tool.
@@ -21,7 +23,8 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:18090", "listen address")
-	mode := flag.String("mode", "trivial", "trivial | sleep | stall")
+	mode := flag.String("mode", "trivial", "trivial | sleep | stall | workers")
+	workers := flag.Int("workers", 4, "workers mode: requests served at once (others queue)")
 	sleep := flag.Duration("sleep", 2*time.Millisecond, "service time in sleep mode")
 	every := flag.Duration("stall-every", 5*time.Second, "stall mode: period")
 	stall := flag.Duration("stall-for", time.Second, "stall mode: pause at the start of each period")
@@ -30,6 +33,7 @@ func main() {
 	var served atomic.Int64
 	start := time.Now()
 	body := []byte("ok")
+	slots := make(chan struct{}, *workers)
 	http.HandleFunc("/count", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte(strconv.FormatInt(served.Load(), 10)))
 	})
@@ -37,6 +41,10 @@ func main() {
 		switch *mode {
 		case "sleep":
 			time.Sleep(*sleep)
+		case "workers":
+			slots <- struct{}{}
+			time.Sleep(*sleep)
+			<-slots
 		case "stall":
 			// Every request that arrives during a pause waits until the pause ends.
 			phase := time.Since(start) % *every

@@ -17,8 +17,10 @@ from loadshed.units import parse_duration
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("-addr", default="127.0.0.1:18090")
-    parser.add_argument("-mode", choices=["trivial", "sleep", "stall"], default="trivial")
+    modes = ["trivial", "sleep", "stall", "workers"]
+    parser.add_argument("-mode", choices=modes, default="trivial")
     parser.add_argument("-sleep", default="2ms")
+    parser.add_argument("-workers", type=int, default=4)
     parser.add_argument("-stall-every", dest="every", default="5s")
     parser.add_argument("-stall-for", dest="stall", default="1s")
     args = parser.parse_args()
@@ -26,6 +28,7 @@ def main() -> None:
     every, stall = parse_duration(args.every), parse_duration(args.stall)
     start = time.monotonic()
     served = 0
+    slots = asyncio.Semaphore(args.workers)
 
     async def count(request: web.Request) -> web.Response:
         return web.Response(text=str(served))
@@ -34,6 +37,9 @@ def main() -> None:
         nonlocal served
         if args.mode == "sleep":
             await asyncio.sleep(sleep)
+        elif args.mode == "workers":
+            async with slots:
+                await asyncio.sleep(sleep)
         elif args.mode == "stall":
             phase = (time.monotonic() - start) % every
             if phase < stall:
