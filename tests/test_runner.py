@@ -410,3 +410,55 @@ async def test_replacement_whose_initializer_fails_is_retried(tmp_path: Path) ->
         marker.unlink()
         pid = await asyncio.wait_for(waiting, 5.0)
         assert pid in runner.pids()
+
+
+async def test_random_cancellations_leak_no_job_and_no_worker(tmp_path: Path) -> None:
+    """Callers cancelled while running and while waiting, in a random order: every job that
+    reached a worker is accounted for, every other caller gets its own result, no cancelled
+    waiter's job ever runs, and the workers end idle."""
+    import random
+
+    rng = random.Random(7)
+    log = tmp_path / "started.log"
+    async with ModelRunner(job, workers=2, mp_context="fork") as runner:
+        labels = [f"c{i}" for i in range(40)]
+        tasks = {
+            label: asyncio.create_task(
+                runner.run("sleep", label, rng.uniform(0.02, 0.04), str(log))
+            )
+            for label in labels
+        }
+        cancelled_running: set[str] = set()
+        cancelled_waiting: set[str] = set()
+        for label in rng.sample(labels, 16):
+            if tasks[label].done():
+                continue
+            if rng.random() < 0.4:  # wait until it runs, then cancel it mid-job
+                task = tasks[label]
+                await wait_until(lambda t=task, lb=label: lb in read_log(log) or t.done())
+                if tasks[label].done():
+                    continue
+                cancelled_running.add(label)
+            elif label in read_log(log):
+                continue
+            else:
+                cancelled_waiting.add(label)
+            tasks[label].cancel()
+            await asyncio.sleep(rng.uniform(0, 0.01))
+        outcomes = await asyncio.gather(*tasks.values(), return_exceptions=True)
+        await wait_until(lambda: runner.busy == 0)
+        stats = runner.stats()
+    assert cancelled_running and cancelled_waiting  # both paths were exercised
+    for label, outcome in zip(labels, outcomes, strict=True):
+        if label in cancelled_running | cancelled_waiting:
+            assert isinstance(outcome, asyncio.CancelledError)
+        else:
+            assert isinstance(outcome, dict)
+            assert outcome["label"] == label
+    ran = read_log(log)
+    assert len(ran) == len(set(ran))
+    assert not cancelled_waiting & set(ran)
+    assert cancelled_running <= set(ran)
+    assert stats.cancelled == len(cancelled_running)
+    assert len(ran) == stats.completed + stats.cancelled
+    assert (stats.idle, stats.waiting, stats.crashed, stats.restarts) == (2, 0, 0, 0)
