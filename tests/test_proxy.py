@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
@@ -298,3 +299,30 @@ async def test_origin_demo_through_proxy_and_fast_rejection() -> None:
             assert elapsed < 0.2  # refused at once, not after the origin's work
     body = json.dumps({"ok": True})
     assert body
+
+
+@pytest.mark.parametrize("hold", [True, False])
+def test_client_leaving_mid_upload_is_not_an_upstream_fault(hold: bool) -> None:
+    recorder = Recorder()
+    with (
+        serve_asgi(echo_app(recorder)) as upstream,
+        run_proxy(upstream, hold_abandoned=hold) as (
+            url,
+            proxy,
+        ),
+    ):
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+            sock.sendall(b"x" * 1000)
+            time.sleep(0.3)  # the proxy has started forwarding the body
+        limiter = proxy.pool.upstreams[0].limiter
+        deadline = time.monotonic() + 5
+        while limiter.inflight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert limiter.inflight == 0
+        assert limiter.snapshot().counts.get("ignored") == 1
+        state = proxy.pool.upstreams[0]
+        assert state.consecutive_failures == 0 and state.up
+    # The upstream saw the upload cut short (a disconnect), never a complete request.
+    assert all(len(r["body"]) < 100000 for r in recorder.requests)

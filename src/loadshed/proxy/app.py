@@ -177,56 +177,61 @@ class _Exchange:
 
 
 class _ClientWatch:
-    """Owns ASGI ``receive`` for one request: feeds the body, then watches for a disconnect.
+    """Owns ASGI ``receive`` for one request: yields the body, watches for a disconnect.
 
-    Body chunks go through a small queue, so a slow upstream slows the client's
-    upload (uvicorn pauses reading) instead of filling memory. A disconnect
-    interrupts the exchange.
+    The body is read straight from ``receive`` as aiohttp sends it upstream, so a
+    slow upstream slows the client's upload (uvicorn pauses reading) and nothing
+    is buffered. Watching for a disconnect needs a task awaiting ``receive``; it
+    is started only where a disconnect changes what the proxy does: from the end
+    of the body when abandoned requests are cut off (``--close-abandoned``), and
+    while streaming a response of unknown length (an SSE stream to a client that
+    left must stop). Most requests, with a sized answer, never pay for it.
     """
 
-    __slots__ = ("_chunks", "_exchange", "_receive", "reader")
+    __slots__ = ("_exchange", "_receive", "body_done", "reader")
 
     def __init__(self, receive: Receive, exchange: _Exchange, has_body: bool) -> None:
         self._receive = receive
         self._exchange = exchange
-        # A queue costs more than the rest of the watch: only bodies need one.
-        self._chunks: asyncio.Queue[bytes | None] | None = (
-            asyncio.Queue(maxsize=4) if has_body else None
-        )
-        self.reader = asyncio.ensure_future(self._read())
+        self.body_done = not has_body
+        self.reader: asyncio.Future[None] | None = None
 
-    async def _read(self) -> None:
-        chunks = self._chunks
-        body_done = chunks is None
+    def start(self) -> None:
+        """Watch for a disconnect from now on (after the body was read)."""
+        if self.reader is None:
+            self.reader = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 self._exchange.client_left()
                 return
-            if body_done:
-                continue
-            assert chunks is not None
-            body = message.get("body", b"")
-            if body:
-                await chunks.put(bytes(body))
-            if not message.get("more_body", False):
-                body_done = True
-                await chunks.put(None)
 
     async def body(self) -> AsyncIterator[bytes]:
         """The request body, chunk by chunk, as the client sends it."""
-        chunks = self._chunks
-        assert chunks is not None, "no body was announced"
-        while True:
-            chunk = await chunks.get()
-            if chunk is None:
-                return
-            yield chunk
+        while not self.body_done:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self.body_done = True
+                self._exchange.client_left()
+                raise _ClientGone
+            self.body_done = not message.get("more_body", False)
+            body = message.get("body", b"")
+            if body:
+                yield bytes(body)
+        if not self._exchange.hold:
+            self.start()
 
     def stop(self) -> None:
         """Stop watching (before the last response message: after it uvicorn reports a
         disconnect that is not the client's)."""
-        self.reader.cancel()
+        if self.reader is not None:
+            self.reader.cancel()
+
+
+class _ClientGone(Exception):
+    """The client disconnected while sending its body."""
 
 
 def _outcome(status: int) -> Outcome:
@@ -369,6 +374,8 @@ class ProxyApp:
         exchange = _Exchange(task, hold)
         has_body = _has_body(scope)
         watch = _ClientWatch(receive, exchange, has_body)
+        if not hold and not has_body:
+            watch.start()  # a disconnect cuts the upstream request off
         loop = asyncio.get_running_loop()
         soft_timer: asyncio.TimerHandle | None = None
         if hold and soft_limit is not None:
@@ -393,7 +400,11 @@ class ProxyApp:
                     data=watch.body() if has_body else None,
                     allow_redirects=False,
                 )
-            except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            except (aiohttp.ClientError, OSError, TimeoutError, _ClientGone) as error:
+                if exchange.client_gone and not exchange.answered:
+                    if token is not None:  # the client left mid-upload: not the upstream's fault
+                        token.ignored()
+                    return
                 fault = classify(error)
                 self._fault(upstream, token, fault)
                 if not (exchange.answered or exchange.client_gone):
@@ -461,6 +472,8 @@ class ProxyApp:
             }
         )
         content = response.content
+        if response.content_length is None and not content.at_eof():
+            watch.start()  # a stream of unknown length: stop it if the client leaves
         while True:
             try:
                 chunk = await content.readany()
