@@ -333,7 +333,7 @@ def measure(variant: str, base: str, calls: int, use_uvloop: bool) -> tuple[Row,
         if key not in ("ok", "timeout", "http_503")
     )
     row = Row(
-        variant=variant if variant != "adaptive" else "adaptive (aimd default)",
+        variant=variant if variant != "adaptive" else "adaptive (default)",
         calls=calls,
         ok=ok,
         wall_s=wall_s,

@@ -313,11 +313,14 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
                 value = future.result()
             else:
                 value = error
-        sampled = ok or isinstance(value, self._dropped_on)
-        if self._algorithm is not None and started is not None and sampled:
-            now = self._clock.now()
-            sample = Sample(rtt=now - started[0], inflight=started[1], dropped=not ok, now=now)
-            self._limit = self._algorithm.update(sample)
+        if self._algorithm is not None:
+            if started is not None and (ok or isinstance(value, self._dropped_on)):
+                now = self._clock.now()
+                sample = Sample(rtt=now - started[0], inflight=started[1], dropped=not ok, now=now)
+                self._algorithm.update(sample)
+            # read after every completion, sampled or not: the algorithm may also be
+            # moved by others (AdaptiveClient.map follows the client's limiter)
+            self._limit = self._algorithm.limit
         if not ok and not self._return_exceptions:
             # Fail fast: cancel the rest now, not when the consumer next asks.
             self._fail(value)
