@@ -58,6 +58,7 @@ def _result(latencies: list[float], statuses: list[int]) -> RunResult:
             result.record_error("timeout", latency)
         else:
             result.record_response(status, latency)
+            result.record_completion(status)
     return result
 
 
@@ -157,6 +158,17 @@ def test_slo_parses_and_judges_each_clause() -> None:
     verdicts = slo.evaluate(failing)
     assert [v.passed for v in verdicts] == [False, False, False, True]
     assert verdicts[0].line().startswith("FAIL p99<200ms (observed 500")
+
+
+def test_clause_fails_despite_generator_lag_only_when_conclusive() -> None:
+    # p99 of 500 ms with a generator that lagged up to 100 ms: the target took >= 400 ms.
+    result = _result([0.5] * 95 + [0.01] * 5, [200] * 95 + [500] * 5)
+    lag = 0.1
+    failing, passing = parse_slo("p99<200ms,errors<1%"), parse_slo("p99<450ms,errors<10%")
+    assert all(c.fails_despite_lag(result, lag) for c in failing.clauses)
+    assert not any(c.fails_despite_lag(result, lag) for c in passing.clauses)
+    # A shortfall in goodput may be the generator's own: never conclusive.
+    assert not parse_slo("goodput>=1000").clauses[0].fails_despite_lag(result, lag)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@
 3. ``loadshed bench -r 400 --slo "p99<200ms,errors<0.1%,goodput>=390"``: the requirement's
    PASS/FAIL verdict and exit code.
 
-    .venv/bin/python bench/loadgen/e5_slo.py [--out bench/loadgen/out/e5] [--step 5]
+    .venv/bin/python bench/loadgen/e5_slo.py [--out /tmp/loadshed-e5] [--step 5]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,16 +39,20 @@ def run(args: list[str]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("bench/loadgen/out/e5"))
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "loadshed-e5")
     parser.add_argument("--step", type=float, default=5.0, help="seconds per step")
     args = parser.parse_args()
     print(f"<!-- {environment()} -->")
     step = f"{args.step:g}s"
-    with target("workers", PORT, "-workers", "9", "-sleep", "20ms") as url:
+    workers = ("-workers", "9", "-sleep", "20ms")
+    # A fresh target for each command, so no queue left by one overloaded step lingers.
+    with target("workers", PORT, *workers) as url:
         run(["sweep", url, "--rates", "100:500:100", "-d", step, "-w", "1s",
              "-o", str(args.out), "--stop-when", "errors>50%"])  # fmt: skip
+    with target("workers", PORT, *workers) as url:
         run(["capacity", url, "--slo", SLO, "--start-rate", "100", "--precision", "0.05",
              "-d", step, "-w", "1s", "--json", str(args.out / "capacity.json")])  # fmt: skip
+    with target("workers", PORT, *workers) as url:
         run(["bench", url, "-r", "400", "-d", step, "-w", "1s",
              "--slo", f"{SLO},goodput>=390"])  # fmt: skip
 

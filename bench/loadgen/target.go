@@ -42,7 +42,12 @@ func main() {
 		case "sleep":
 			time.Sleep(*sleep)
 		case "workers":
-			slots <- struct{}{}
+			// Queue for a worker; a client that gave up leaves the queue (no zombie work).
+			select {
+			case slots <- struct{}{}:
+			case <-r.Context().Done():
+				return
+			}
 			time.Sleep(*sleep)
 			<-slots
 		case "stall":

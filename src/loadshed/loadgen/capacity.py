@@ -30,6 +30,8 @@ class CapacityStep:
     verdicts: list[ClauseVerdict]
     passed: bool
     saturated: str = ""
+    lagged: bool = False
+    """The generator fell behind, yet the SLO failed even net of its lag."""
 
 
 @dataclasses.dataclass
@@ -77,7 +79,15 @@ def find_capacity(
         try:
             result = run(options)
         except GeneratorSaturated as exc:
-            step = CapacityStep(rate, None, [], False, saturated=str(exc))
+            # Far past the knee a queueing target makes the generator open connection after
+            # connection and fall behind. Such a step still fails if a clause fails even net
+            # of the lag; otherwise nothing can be concluded from it.
+            lag = float(exc.result.latency("send_lag")["max"])
+            verdicts = slo.evaluate(exc.result)
+            if any(c.fails_despite_lag(exc.result, lag) for c in slo.clauses):
+                step = CapacityStep(rate, exc.result, verdicts, False, lagged=True)
+            else:
+                step = CapacityStep(rate, None, [], False, saturated=str(exc))
         else:
             verdicts = slo.evaluate(result)
             step = CapacityStep(rate, result, verdicts, all(v.passed for v in verdicts))

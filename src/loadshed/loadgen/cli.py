@@ -7,6 +7,7 @@ Exit codes: 0 ok; 1 an SLO failed (or no rate met it); 2 bad input (one line nam
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -178,6 +179,16 @@ def _options(
     )
 
 
+def _consoles() -> tuple[Console, Console]:
+    """stdout and stderr consoles; wide enough for the tables when output is not a terminal."""
+    out, err = Console(), Console(stderr=True)
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out = Console(width=120)
+    if not err.is_terminal and "COLUMNS" not in os.environ:
+        err = Console(stderr=True, width=120)
+    return out, err
+
+
 def _check_pid(pid: int | None) -> None:
     if pid is not None:
         from loadshed.loadgen.usage import check_pid
@@ -280,7 +291,7 @@ def bench(
         url, clients=clients, rate=rate, duration=duration, warmup=warmup, common=common
     )
     _check_pid(common["pid"])
-    out, err = Console(), Console(stderr=True)
+    out, err = _consoles()
     result = _run_one(options, common["pid"], common["quiet"], err)
     for table in result_tables(result, title=f"loadshed bench {url}"):
         out.print(table)
@@ -319,7 +330,7 @@ def report(files: tuple[Path, ...], json_path: Path | None, slo: str | None) -> 
             raise ConfigError(str(path), f"cannot read JSON ({exc})") from None
         results.append(RunResult.from_json(data, source=str(path)))
     merged = merge_results(results)
-    out = Console()
+    out, _ = _consoles()
     for table in result_tables(merged, title=f"loadshed report ({len(files)} file(s))"):
         out.print(table)
     if json_path is not None:
@@ -427,7 +438,7 @@ def sweep(
         common=common,
     )
     _check_pid(common["pid"])
-    out, err = Console(), Console(stderr=True)
+    out, err = _consoles()
 
     def run(options: BenchOptions) -> RunResult:
         load = options.clients if axis == "clients" else options.rate
@@ -563,7 +574,7 @@ def capacity(
     base = _options(url, clients=None, rate=start_rate, duration=duration, warmup=warmup,
                     common=common)  # fmt: skip
     _check_pid(common["pid"])
-    out, err = Console(), Console(stderr=True)
+    out, err = _consoles()
 
     def run(options: BenchOptions) -> RunResult:
         with _live(err, common["quiet"]) as update:
@@ -574,6 +585,8 @@ def capacity(
             err.print(f"rate {step.rate:g}/s: generator saturated", style="red")
             return
         word = "PASS" if step.passed else "FAIL"
+        if step.lagged:
+            word += " (generator lagged; fails even net of the lag)"
         observed = ", ".join(
             f"{v.clause.text} -> {v.clause.format_value(v.observed)}" for v in step.verdicts
         )
@@ -595,7 +608,7 @@ def capacity(
             "last_pass_rate": search.last_pass.rate if search.last_pass else None,
             "first_fail_rate": search.first_fail.rate if search.first_fail else None,
             "steps": [
-                {"rate": s.rate, "passed": s.passed, "saturated": s.saturated,
+                {"rate": s.rate, "passed": s.passed, "saturated": s.saturated, "lagged": s.lagged,
                  "verdicts": [{"clause": v.clause.text, "observed": v.observed,
                                "passed": v.passed} for v in s.verdicts],
                  "result": s.result.to_json() if s.result else None}

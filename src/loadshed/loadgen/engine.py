@@ -200,9 +200,12 @@ class Engine:
             live.ok += 1
         else:
             live.failed += 1
+        in_window = self._window_start <= done_at <= self._window_end
+        if in_window and not kind:
+            self.result.record_completion(status)
         if options.mode == "closed":
             # Closed loop counts what completes inside the window (as wrk does).
-            if not self._window_start <= done_at <= self._window_end:
+            if not in_window:
                 return
         elif scheduled < self._window_start:
             # Open loop counts what was scheduled inside the window, however late it ends.

@@ -157,6 +157,11 @@ class RunResult:
     ``requests`` counts outcomes: 2xx, other HTTP statuses, and error kinds (timeout, connect,
     reset, other). Open-loop requests the ``--max-inflight`` bound kept from being sent are in
     ``not_sent``, not in ``requests``. Responses are bucketed by status code.
+
+    Which requests belong to the window: in the closed loop, those completed in it; in the open
+    loop, those *scheduled* in it, however late they end (so a stall cannot hide). Rates
+    (throughput, goodput) always count responses *completed* in the window, so an overloaded
+    target's throughput is what it served, not the rate it was offered.
     """
 
     mode: str
@@ -175,6 +180,8 @@ class RunResult:
     histograms: dict[str, LatencyHistogram] = dataclasses.field(
         default_factory=lambda: {name: LatencyHistogram() for name in HISTOGRAMS}
     )
+    completed_responses: int = 0
+    completed_successes: int = 0
     generator_cpu_s: float = 0.0
     server: dict[str, float] = dataclasses.field(default_factory=dict)
     sources: int = 1
@@ -217,15 +224,21 @@ class RunResult:
         """Requests with an outcome: responses plus failures without a status."""
         return self.responses + sum(self.errors.values())
 
+    def record_completion(self, status: int) -> None:
+        """Count a response that arrived inside the window (for throughput and goodput)."""
+        self.completed_responses += 1
+        if 200 <= status < 300:
+            self.completed_successes += 1
+
     @property
     def throughput_rps(self) -> float:
-        """HTTP responses (any status) per second of the measured window."""
-        return self.responses / self.duration_s if self.duration_s > 0 else 0.0
+        """HTTP responses (any status) completed per second of the measured window."""
+        return self.completed_responses / self.duration_s if self.duration_s > 0 else 0.0
 
     @property
     def goodput_rps(self) -> float:
-        """2xx responses within the timeout per second."""
-        return self.successes / self.duration_s if self.duration_s > 0 else 0.0
+        """2xx responses (within the timeout) completed per second of the window."""
+        return self.completed_successes / self.duration_s if self.duration_s > 0 else 0.0
 
     @property
     def error_rate(self) -> float:
@@ -253,6 +266,8 @@ class RunResult:
         self.errors.update(other.errors)
         self.not_sent += other.not_sent
         self.scheduled += other.scheduled
+        self.completed_responses += other.completed_responses
+        self.completed_successes += other.completed_successes
         for name in HISTOGRAMS:
             self.histograms[name].add(other.histograms[name])
         self.generator_cpu_s += other.generator_cpu_s
@@ -287,6 +302,10 @@ class RunResult:
             "not_sent": self.not_sent,
             "responses": self.responses,
             "successes": self.successes,
+            "completed_in_window": {
+                "responses": self.completed_responses,
+                "successes": self.completed_successes,
+            },
             "rejections": self.rejections,
             "throughput_rps": self.throughput_rps,
             "goodput_rps": self.goodput_rps,
@@ -323,6 +342,8 @@ class RunResult:
                 processes=int(data.get("processes", 1)),
                 not_sent=int(data.get("not_sent", 0)),
                 scheduled=int(data.get("scheduled", 0)),
+                completed_responses=int(data["completed_in_window"]["responses"]),
+                completed_successes=int(data["completed_in_window"]["successes"]),
                 generator_cpu_s=float(data.get("generator", {}).get("cpu_s", 0.0)),
                 server={str(k): float(v) for k, v in data.get("server", {}).items()},
                 sources=int(data.get("sources", 1)),

@@ -70,6 +70,24 @@ class Clause:
         """Whether ``value`` meets the objective."""
         return _OPERATORS[self.op](value, self.threshold)
 
+    def fails_despite_lag(self, result: RunResult, lag_s: float) -> bool:
+        """Whether this clause fails on ``result`` even if the generator's lag is discounted.
+
+        For a run the generator could not drive: open-loop latencies count from the intended
+        send time, so lag adds at most ``lag_s`` to any latency; errors, timeouts and
+        rejections happened to requests actually sent. Upper bounds on those can therefore
+        fail conclusively; bounds on rates (goodput, throughput) cannot, as the generator may
+        simply not have sent enough.
+        """
+        if self.op not in ("<", "<="):
+            return False
+        if self.metric in _RPS_METRICS:
+            return False
+        observed = self.observe(result)
+        if self.metric not in _RATE_METRICS:
+            observed = max(0.0, observed - lag_s)
+        return not self.holds(observed)
+
     def format_value(self, value: float) -> str:
         """``value`` in the clause's own units (ms, %, req/s)."""
         if self.metric in _RPS_METRICS:
