@@ -251,7 +251,9 @@ def summarize(
     }
 
 
-async def run_row(row: str, args: argparse.Namespace, haproxy: str | None) -> RowResult | None:
+async def run_row(
+    row: str, args: argparse.Namespace, haproxy: str | None, queue_s: float = 0.5
+) -> RowResult | None:
     scale = args.scale
     origin_port = free_port()
     origin = f"http://127.0.0.1:{origin_port}"
@@ -267,7 +269,7 @@ async def run_row(row: str, args: argparse.Namespace, haproxy: str | None) -> Ro
             if haproxy is None:
                 return None
             port = free_port()
-            queue_ms = round(args.haproxy_queue * scale * 1000)
+            queue_ms = round(queue_s * scale * 1000)
             with tempfile.NamedTemporaryFile("w", suffix=".cfg", delete=False) as cfg:
                 cfg.write(haproxy_config(port, origin_port, queue_ms))
             try:
@@ -289,7 +291,7 @@ async def run_row(row: str, args: argparse.Namespace, haproxy: str | None) -> Ro
                     origin,
                     f"http://127.0.0.1:{metrics_port}/metrics",
                 )
-    result.row = row if row != "haproxy" else f"haproxy (maxconn 7, queue {args.haproxy_queue:g}s)"
+    result.row = row if row != "haproxy" else f"haproxy (maxconn 7, timeout queue {queue_s:g}s)"
     return result
 
 
@@ -309,18 +311,29 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=10.0, help="scaled s excluded after it")
     parser.add_argument("--rows", default=",".join(ROWS), help="comma list of " + "|".join(ROWS))
     parser.add_argument(
-        "--haproxy-queue", type=float, default=0.5,
-        help="HAProxy timeout queue in scaled s (hand-tuned: client timeout - new work time)",
+        "--haproxy-queue", default="0.5,1",
+        help="HAProxy timeout queue values in scaled s, one row each (hand-tuned: 0.5 = client "
+        "timeout - new work time)",
     )  # fmt: skip
+    parser.add_argument("--repeat", type=int, default=1, help="run every row this many times")
     parser.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = parser.parse_args()
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     haproxy = ensure_haproxy() if "haproxy" in rows else None
     summaries: list[dict[str, Any]] = []
     series: dict[str, Any] = {}
-    for row in rows:
+    queues = [float(q) for q in args.haproxy_queue.split(",") if q.strip()]
+    runs = [
+        (row, q, k)
+        for k in range(1, args.repeat + 1)
+        for row in rows
+        for q in (queues if row == "haproxy" else [0.0])
+    ]
+    for row, queue_s, attempt in runs:
         started_at = time.monotonic()
-        result = asyncio.run(run_row(row, args, haproxy))
+        result = asyncio.run(run_row(row, args, haproxy, queue_s))
+        if result is not None and args.repeat > 1:
+            result.row += f" #{attempt}"
         if result is None:
             print(f"{row}: skipped (haproxy unavailable)", file=sys.stderr)
             continue
