@@ -11,6 +11,7 @@ import time
 
 import aiohttp
 import pytest
+import requests
 
 from loadshed.demo.origin import create_app as create_origin
 from proxy_servers import (
@@ -326,3 +327,19 @@ def test_client_leaving_mid_upload_is_not_an_upstream_fault(hold: bool) -> None:
         assert state.consecutive_failures == 0 and state.up
     # The upstream saw the upload cut short (a disconnect), never a complete request.
     assert all(len(r["body"]) < 100000 for r in recorder.requests)
+
+
+def test_sized_body_and_upstream_prefix() -> None:
+    recorder = Recorder()
+    payload = bytes(range(256)) * 400
+    with serve_asgi(echo_app(recorder)) as upstream, run_proxy(upstream + "/v1") as (url, _):
+        response = requests.post(
+            url + "/predict?x=1", data=payload, headers={"Expect": "100-continue"}, timeout=5
+        )
+        assert response.status_code == 200
+    seen = recorder.requests[0]
+    assert seen["path"] == "/v1/predict" and seen["query"] == "x=1"
+    assert seen["body"].encode("latin-1") == payload
+    headers = _headers(seen)
+    assert headers["content-length"] == [str(len(payload))]
+    assert "transfer-encoding" not in headers and "expect" not in headers

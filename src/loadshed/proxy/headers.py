@@ -32,7 +32,14 @@ HOP_BY_HOP = frozenset(
 
 # Set by the proxy: the upstream's Host, the remaining deadline, X-Forwarded-Host/Proto.
 _REPLACED = frozenset(
-    {b"host", b"x-request-timeout", b"grpc-timeout", b"x-forwarded-host", b"x-forwarded-proto"}
+    {
+        b"host",
+        b"x-request-timeout",
+        b"grpc-timeout",
+        b"x-forwarded-host",
+        b"x-forwarded-proto",
+        b"expect",  # 100-continue is answered by the proxy's server, hop by hop
+    }
 )
 
 
