@@ -164,7 +164,7 @@ class Replica:
 
     # -- limiter housekeeping ---------------------------------------------------
 
-    def _after_change(self) -> None:
+    def _after_change(self, not_before: float = 0.0) -> None:
         admission = self.admission
         assert admission is not None
         limit = admission.limit
@@ -176,7 +176,7 @@ class Replica:
         next_expiry = admission.next_expiry()
         # keep one pending expiry event, at the earliest time needed
         if next_expiry is not None and next_expiry < self._expiry_at:
-            when = next_expiry if next_expiry > now else now
+            when = max(next_expiry, now, not_before)
             self._expiry_at = when
             self._engine.at(when, self._expire, when)
 
@@ -186,4 +186,7 @@ class Replica:
         self._expiry_at = math.inf
         assert self.admission is not None
         self.admission.expire()
-        self._after_change()
+        # if the limiter still reports an expiry due now (a deadline that float
+        # rounding left a hair short of passing), look again a microsecond later
+        # rather than spinning at the same virtual instant
+        self._after_change(not_before=when + 1e-6)
