@@ -1,5 +1,6 @@
 """Compare every limit algorithm on E1 (throughput paradox) and E2 (capacity change)
-in the simulator, with and without client deadlines, and print a markdown table.
+in the simulator, with and without client deadlines, and on a fleet whose replicas
+partly slow down; print markdown tables.
 
     .venv/bin/python bench/sim_compare.py                 # full E1 (30 s per step), E2 120 s
     .venv/bin/python bench/sim_compare.py --out docs/sim_compare.md --jobs 2
@@ -17,7 +18,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from loadshed.sim.scenarios import LimiterConfig, run_capacity_change, run_paradox
+from loadshed.sim.scenarios import LimiterConfig, run_capacity_change, run_fleet, run_paradox
 
 E1_CLIENTS = (1, 2, 3, 4, 5, 8, 16, 32, 64)
 
@@ -71,6 +72,67 @@ def _e2(job: tuple[str, str, int | None, bool, float, int]) -> dict[str, Any]:
     result["label"] = label
     result["wall_s"] = time.perf_counter() - started
     return result
+
+
+FLEET_LIMITS = [
+    ("none", "none", None),
+    ("fixed:2 (workers)", "fixed", 2),
+    ("aimd", "aimd", None),
+    ("vegas", "vegas", None),
+    ("gradient2", "gradient2", None),
+    ("gradient", "gradient", None),
+    ("little", "little", None),
+]
+FLEET_BALANCERS = ("round-robin", "least-outstanding")
+
+
+def _fleet(job: tuple[str, str, int | None, str, int, float, int]) -> dict[str, Any]:
+    label, limit, value, balancer, replicas, duration, seed = job
+    started = time.perf_counter()
+    result = run_fleet(
+        limiter=LimiterConfig(limit, limit_value=value),
+        replicas=replicas,
+        balancer=balancer,
+        duration=duration,
+        seed=seed,
+    )
+    result["label"] = label
+    result["wall_s"] = time.perf_counter() - started
+    return result
+
+
+def fleet_table(results: list[dict[str, Any]]) -> str:
+    """Markdown: goodput ratio per phase, and detail of the slowdown."""
+    header = [
+        "limit",
+        "balancer",
+        "before ratio",
+        "during ratio",
+        "during p99 s",
+        "during timed out",
+        "during 503s",
+        "limit healthy / slowed",
+        "after ratio",
+    ]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for result in results:
+        before, during, after = result["steps"]
+        limits = "-"
+        if during["mean_limit"] is not None:
+            limits = f"{during['mean_limit']:.1f} / {during.get('mean_limit_slowed', 0):.1f}"
+        row = [
+            result["label"],
+            result["settings"]["balancer"],
+            _f(before["goodput_ratio"]),
+            f"**{_f(during['goodput_ratio'])}**",
+            _f(during["p99_success_s"]),
+            str(during["timed_out"]),
+            str(during["rejected"]),
+            limits,
+            _f(after["goodput_ratio"]),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def _f(value: float | None, digits: int = 2) -> str:
@@ -130,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--e2-duration", type=float, default=120.0, help="seconds of E2")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--only", choices=["e1", "e2"], default=None)
+    parser.add_argument("--replicas", type=int, default=100, help="fleet size")
+    parser.add_argument("--fleet-duration", type=float, default=60.0, help="seconds of fleet")
+    parser.add_argument("--only", choices=["e1", "e2", "fleet"], default=None)
     parser.add_argument("--out", default=None, help="also write the markdown here")
     args = parser.parse_args(argv)
 
@@ -145,9 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         for label, limit, value in E2_LIMITS
         for deadlines in (True, False)
     ]
+    fleet_jobs = [
+        (label, limit, value, balancer, args.replicas, args.fleet_duration, args.seed)
+        for label, limit, value in FLEET_LIMITS
+        for balancer in FLEET_BALANCERS
+    ]
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         e1 = list(pool.map(_e1, e1_jobs)) if args.only in (None, "e1") else []
         e2 = list(pool.map(_e2, e2_jobs)) if args.only in (None, "e2") else []
+        fleet = list(pool.map(_fleet, fleet_jobs)) if args.only in (None, "fleet") else []
     wall = time.perf_counter() - started
 
     parts = [f"Command: `.venv/bin/python bench/sim_compare.py {' '.join(argv or sys.argv[1:])}`"]
@@ -167,6 +237,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.e2_duration:g} s): after-change capacity 3.5 req/s",
             "",
             e2_table(e2),
+        ]
+    if fleet:
+        parts += [
+            "",
+            f"**Fleet** ({args.replicas} replicas x 2 workers x 200 ms lognormal, Poisson at 80 % "
+            f"of capacity, timeout 1 s, one retry of a 503, 10 % of replicas 4x slower for the "
+            f"middle third of {args.fleet_duration:g} s): goodput / min(capacity, rate)",
+            "",
+            fleet_table(fleet),
         ]
     parts += ["", f"Wall time {wall:.0f} s with {args.jobs} processes, seed {args.seed}."]
     text = "\n".join(parts) + "\n"

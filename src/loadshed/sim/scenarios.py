@@ -384,7 +384,8 @@ def run_fleet(
 
     ``rate`` defaults to ``load`` x the healthy fleet's capacity. A rejected request is
     retried ``retries`` times through the balancer within its timeout. Steps are the
-    phases before, during and after the slowdown.
+    phases before, during and after the slowdown; goodput ratio is goodput /
+    min(capacity, arrivals per second in the phase).
     """
     _check_positive("duration", duration)
     if replicas < 1:
@@ -454,10 +455,12 @@ def run_fleet(
     steps = []
     for phase in recorder.phases:
         phase_capacity = slow_capacity if phase.name == "during" else capacity
+        # Poisson arrivals: judge against the requests that actually arrived
+        arrived = recorder.stats(phase.name).sent / phase.seconds
         step = {
             "phase": phase.name,
             "rate": _round(offered),
-            **_step(recorder, phase.name, phase_capacity, min(phase_capacity, offered), fleet),
+            **_step(recorder, phase.name, phase_capacity, min(phase_capacity, arrived), fleet),
         }
         if slowed and fleet[0].limit_trace is not None:
             step["mean_limit_slowed"] = _round(
