@@ -9,6 +9,8 @@ import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from loadshed.bounded import bounded_map
 from loadshed.clock import VirtualClock
@@ -404,3 +406,92 @@ def test_invalid_configuration_names_the_field(kwargs: dict[str, object], field:
 def test_non_iterable_input_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"^iterable: "):
         bounded_map(zero_work, 42)  # type: ignore[call-overload]
+
+
+Spec = list[tuple[int, bool]]  # per input: event-loop steps to take, whether it fails
+
+specs = st.lists(st.tuples(st.integers(0, 4), st.booleans()), max_size=40)
+
+
+async def run_spec(
+    spec: Spec,
+    concurrency: int,
+    ordered: bool,
+    max_held: int | None,
+    async_source: bool,
+    return_exceptions: bool,
+) -> None:
+    gauge = Gauge()
+    held_seen: list[int] = []
+
+    async def call(index: int) -> int:
+        steps, fails = spec[index]
+        task = asyncio.current_task()
+        assert task is not None
+        gauge.started.append(task)
+        gauge.active += 1
+        gauge.peak = max(gauge.peak, gauge.active)
+        try:
+            for _ in range(steps):
+                await asyncio.sleep(0)
+        finally:
+            gauge.active -= 1
+        if fails:
+            raise ValueError(index)
+        return index
+
+    async def asource() -> AsyncIterator[int]:
+        for index in range(len(spec)):
+            await asyncio.sleep(0)
+            yield index
+
+    source = asource() if async_source else iter(range(len(spec)))
+    if not return_exceptions:
+        plain = bounded_map(call, source, concurrency, ordered, max_held=max_held)
+        try:
+            out_plain = [r async for r in plain]
+        except ValueError as error:
+            assert spec[error.args[0]][1]  # raised the error of an input that fails
+        else:
+            assert not any(fails for _, fails in spec)
+            assert sorted(out_plain) == list(range(len(spec)))
+        assert all(task.done() for task in gauge.started)
+        return
+    results = bounded_map(
+        call, source, concurrency, ordered, return_exceptions=True, max_held=max_held
+    )
+    out: list[int | BaseException] = []
+    async for result in results:
+        out.append(result)
+        held_seen.append(results.held)
+    assert all(task.done() for task in gauge.started)
+    assert gauge.peak <= concurrency
+    bound = 2 * concurrency if max_held is None else max_held
+    assert all(held <= bound for held in held_seen)
+    values = [r.args[0] if isinstance(r, ValueError) else r for r in out]
+    if ordered:
+        assert values == list(range(len(spec)))
+    else:
+        assert sorted(values) == list(range(len(spec)))  # type: ignore[type-var]
+    for index, result in zip(values, out, strict=True):
+        assert isinstance(result, ValueError) == spec[index][1]  # type: ignore[index]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    spec=specs,
+    concurrency=st.integers(1, 6),
+    ordered=st.booleans(),
+    max_held=st.one_of(st.none(), st.integers(1, 12)),
+    async_source=st.booleans(),
+    return_exceptions=st.booleans(),
+)
+def test_properties_hold_for_any_interleaving(
+    spec: Spec,
+    concurrency: int,
+    ordered: bool,
+    max_held: int | None,
+    async_source: bool,
+    return_exceptions: bool,
+) -> None:
+    asyncio.run(run_spec(spec, concurrency, ordered, max_held, async_source, return_exceptions))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import weakref
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
@@ -111,8 +112,8 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         # and the in-flight count when they started (itself included), for the sample.
         self._running: dict[asyncio.Future[Any], int] = {}
         self._started: dict[asyncio.Future[Any], tuple[float, int]] = {}
-        self._ready: deque[tuple[bool, Any]] = deque()  # unordered: completion order
-        self._buffer: dict[int, tuple[bool, Any]] = {}  # ordered: index -> outcome
+        self._ready: deque[Any] = deque()  # unordered: results in completion order
+        self._buffer: dict[int, Any] = {}  # ordered: input index -> result
         self._next_index = 0  # inputs taken from the source so far
         self._yielded = 0  # results handed to the consumer so far
         self._staged: Any = _NOTHING  # an input pulled while no slot was free
@@ -138,6 +139,7 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
                 owner._fill()
                 owner._wake()
 
+        self._callback_context = contextvars.copy_context()
         self._done_callback = on_done
         self._pulled_callback = on_pulled
 
@@ -294,7 +296,8 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         self._running[future] = index
         if self._algorithm is not None:
             self._started[future] = (self._clock.now(), len(self._running))
-        future.add_done_callback(self._done_callback)
+        # A shared context for our own callbacks saves copying one per call.
+        future.add_done_callback(self._done_callback, context=self._callback_context)
 
     def _on_done(self, future: asyncio.Future[Any]) -> None:
         index = self._running.pop(future, None)
@@ -326,21 +329,20 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             self._fail(value)
             return
         if self._ordered:
-            self._buffer[index] = (ok, value)
+            self._buffer[index] = value
         else:
-            self._ready.append((ok, value))
+            self._ready.append(value)
         self._fill()
         self._wake()
 
     def _take(self) -> Any:
         if self._ordered:
-            outcome = self._buffer.pop(self._yielded, None)
+            result = self._buffer.pop(self._yielded, _NOTHING)
         else:
-            outcome = self._ready.popleft() if self._ready else None
-        if outcome is None:
-            return _NOTHING
-        self._yielded += 1
-        return outcome[1]
+            result = self._ready.popleft() if self._ready else _NOTHING
+        if result is not _NOTHING:
+            self._yielded += 1
+        return result
 
     def _wake(self) -> None:
         waiter = self._waiter
