@@ -78,7 +78,7 @@ class LimiterConfig:
         """The limit as reported (``fixed:N`` with its value)."""
         if self.limit == "fixed":
             return f"fixed:{self.limit_value}"
-        return self.limit
+        return self.limit  # a name, or fixed:N as given
 
     def build(self, engine: Engine) -> Admission | None:
         """A fresh admission core on the engine's clock, or None for ``none``."""
