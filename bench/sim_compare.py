@@ -141,14 +141,17 @@ def _f(value: float | None, digits: int = 2) -> str:
 
 def e1_table(results: list[dict[str, Any]]) -> str:
     """Markdown: goodput ratio per client count, worst ratio, worst p99 of successes."""
-    header = ["limit", "deadline"] + [f"{c} cl" for c in E1_CLIENTS] + ["min", "max p99 s"]
+    header = ["limit", "deadline"] + [f"{c} cl" for c in E1_CLIENTS]
+    header += ["min", "max p99 ok s", "max p99 503 ms"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for result in results:
         ratios = [step["goodput_ratio"] for step in result["steps"]]
         p99s = [step["p99_success_s"] for step in result["steps"] if step["p99_success_s"]]
         row = [result["label"], "yes" if result["deadlines"] else "no"]
         row += [_f(r) for r in ratios]
+        rejected = [s["p99_rejected_s"] for s in result["steps"] if s["p99_rejected_s"]]
         row += [f"**{_f(min(ratios))}**", _f(max(p99s) if p99s else None)]
+        row += [_f(1000 * max(rejected), 1) if rejected else "-"]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
