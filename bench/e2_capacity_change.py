@@ -20,6 +20,9 @@ and not-sent; the goodput settle time (from the change until the rolling 5-scale
 goodput stays >= 80 % of the row's steady goodput); for loadshed rows the limit before
 and after the change and when it converged (the last time it was outside the band it
 keeps over the last half of the run: 10th..90th percentile +-1).
+
+A row ``LIMIT+close`` (e.g. ``little+close``) runs the proxy with ``--close-abandoned``:
+requests that time out release their slot at once although the origin keeps working.
 """
 
 from __future__ import annotations
@@ -282,7 +285,10 @@ async def run_row(
         else:
             port, metrics_port = free_port(), free_port()
             extra = ["--deadline", f"{timeout:.4f}s", "--metrics-port", str(metrics_port)]
-            with started(proxy_command(origin, port, row, *extra), port):
+            limit, _, option = row.partition("+")
+            if option == "close":  # e.g. little+close: cut abandoned requests off
+                extra.append("--close-abandoned")
+            with started(proxy_command(origin, port, limit, *extra), port):
                 result = await drive(
                     f"http://127.0.0.1:{port}",
                     scale,

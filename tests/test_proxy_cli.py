@@ -61,7 +61,7 @@ def test_cli_proxies_and_serves_metrics_per_upstream() -> None:
         command = [
             sys.executable, "-m", "loadshed.cli", "proxy",
             "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
-            "--limit", "fixed:3", "--metrics-port", str(metrics_port),
+            "--limit", "fixed:3", "--metrics-port", str(metrics_port), "--close-abandoned",
         ]  # fmt: skip
         process = subprocess.Popen(
             command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}

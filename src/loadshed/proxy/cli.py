@@ -244,6 +244,14 @@ def _to_config(**values: Any) -> ProxyConfig:
     help="Status of fast rejections.",
 )
 @click.option(
+    "--hold-abandoned/--close-abandoned",
+    default=True,
+    show_default=True,
+    help="When a client leaves or its deadline passes before the upstream answered: keep "
+    "waiting and hold its slot in the limit (servers that keep working on abandoned "
+    "requests), or close the upstream connection at once (servers that stop on disconnect).",
+)
+@click.option(
     "--metrics-port",
     type=int,
     default=None,
