@@ -77,6 +77,7 @@ def test_fleet_runs_and_prints_a_table() -> None:
         (["simulate", "paradox", "--limit", "magic"], "--limit"),
         (["simulate", "paradox", "--duration", "5x"], "--duration"),
         (["simulate", "paradox", "--timeout", "0"], "--timeout"),
+        (["simulate", "paradox", "--timeout", "0.5ms"], "--timeout"),
         (["simulate", "paradox", "--clients", "64:1"], "--clients"),
         (["simulate", "paradox", "--limit", "fixed"], "--limit-value"),
         (["simulate", "paradox", "--limit-value", "0"], "--limit-value"),

@@ -53,6 +53,10 @@ class ClientConfig:
             raise ConfigError("rtt", f"must be >= 0 seconds, got {rtt}")
         if think < 0:
             raise ConfigError("think", f"must be >= 0 seconds, got {think}")
+        if timeout <= rtt:
+            raise ConfigError(
+                "timeout", f"must exceed the network round trip ({rtt:g}s), got {timeout:g}s"
+            )
         if retries < 0:
             raise ConfigError("retries", f"must be >= 0, got {retries}")
         self.timeout = timeout
