@@ -38,6 +38,7 @@ class Target:
         app.router.add_get("/mix", self.mix)
         app.router.add_get("/slots/{n}/{ms}", self.slots)
         app.router.add_post("/echo", self.echo)
+        app.router.add_route("*", "/chunked", self.chunked)
         return app
 
     async def ok(self, request: web.Request) -> web.Response:
@@ -66,6 +67,16 @@ class Target:
         self.hits += 1
         await asyncio.sleep(max(0.0, self.hold_until - time.monotonic()))
         return web.Response(text="ok")
+
+    async def chunked(self, request: web.Request) -> web.StreamResponse:
+        self.hits += 1
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for part in (b"one ", b"two ", b"three"):
+            await response.write(part)
+        await response.write_eof()
+        return response
 
     async def echo(self, request: web.Request) -> web.Response:
         self.hits += 1
@@ -107,6 +118,32 @@ class SilentServer:
             pass
         self.lifetimes.append(time.monotonic() - opened)
         writer.close()
+
+
+class CannedServer:
+    """Answers every connection with fixed bytes, then closes it."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(self.reply)
+        await writer.drain()
+        writer.close()
+
+
+@contextmanager
+def serve_canned(reply: bytes) -> Iterator[CannedServer]:
+    """Run a :class:`CannedServer` on a background thread for the duration of the block."""
+    canned = CannedServer(reply)
+    with _serving(silent=canned) as _:  # type: ignore[arg-type]
+        yield canned
 
 
 @contextmanager

@@ -92,15 +92,17 @@ def median(runs: list[Measured]) -> Measured:
 def closed(
     duration: float, connections: int, service: str, repeat: int
 ) -> tuple[str, list[Measured]]:
-    runs: dict[str, list[Measured]] = {"wrk": [], "hey": [], "loadshed": []}
+    runs: dict[str, list[Measured]] = {"wrk": [], "hey": [], "loadshed": [], "aiohttp": []}
     with target("sleep", PORT, "-sleep", service) as url:
         for _ in range(repeat):  # interleaved, so drifting background load hits every tool
             runs["wrk"].append(run_wrk(url, connections, duration))
             runs["hey"].append(run_hey(url, connections, duration))
             args = ["-c", str(connections), "-d", f"{duration}s", "-w", "1s"]
             runs["loadshed"].append(run_loadshed(url, args))
-    wrk, hey, ours = (median(r) for r in runs.values())
-    results = [wrk, hey, ours]
+            label = "loadshed --client aiohttp"
+            runs["aiohttp"].append(run_loadshed(url, [*args, "--client", "aiohttp"], label))
+    wrk, hey, ours, ours_aiohttp = (median(r) for r in runs.values())
+    results = [wrk, hey, ours, ours_aiohttp]
     text = (
         f"Closed loop, {connections} connections, {duration:g} s, target answers after {service} "
         f"(median of {repeat}; reference: wrk)\n\n{table(_rows(results, wrk), HEADER)}\n\n"
@@ -122,6 +124,9 @@ def open_loop(
                 runs.setdefault("oha", []).append(run_oha(url, rate, duration))
             args = ["-r", f"{rate:g}", "-d", f"{duration}s", "-w", "1s"]
             runs.setdefault("loadshed", []).append(run_loadshed(url, args))
+            label = "loadshed --client aiohttp"
+            aiohttp_run = run_loadshed(url, [*args, "--client", "aiohttp"], label)
+            runs.setdefault("aiohttp", []).append(aiohttp_run)
     results = [median(r) for r in runs.values()]
     reference = results[0] if len(results) > 1 else None
     name = reference.tool if reference else "none (vegeta needs Go)"

@@ -1,7 +1,8 @@
 """Where does a Python generator's extra latency come from? Same target (answers after 10 ms),
 closed loop, 8 connections, 3 s each, interleaved: wrk (C), a bare asyncio-streams HTTP/1.1
 loop on uvloop (the floor for Python), a bare aiohttp loop on uvloop (what loadshed uses), and
-``loadshed bench -c 8``. The difference between the bare loops is the HTTP client's cost.
+``loadshed bench -c 8`` with each of its clients (aiohttp, and the lean ``raw`` one). The
+difference between the bare loops is the HTTP client's cost.
 
     .venv/bin/python bench/loadgen/client_overhead.py [--repeat 3] [--service 10ms]
 """
@@ -83,15 +84,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--service", default="10ms")
-    args = parser.parse_args()
+    options = parser.parse_args()
     runs: dict[str, list[Measured]] = {}
-    with target("sleep", PORT, "-sleep", args.service) as url:
-        for _ in range(args.repeat):
+    with target("sleep", PORT, "-sleep", options.service) as url:
+        args = ["-c", str(CONNECTIONS), "-d", f"{DURATION}s", "-w", "0.5s"]
+        for _ in range(options.repeat):
             for result in (
                 run_wrk(url, CONNECTIONS, DURATION),
                 bare_streams(url),
                 bare_aiohttp(url),
-                run_loadshed(url, ["-c", str(CONNECTIONS), "-d", f"{DURATION}s", "-w", "0.5s"]),
+                run_loadshed(url, [*args, "--client", "aiohttp"], "loadshed --client aiohttp"),
+                run_loadshed(url, args, "loadshed (--client raw)"),
             ):
                 runs.setdefault(result.tool, []).append(result)
     rows = []
@@ -103,8 +106,8 @@ def main() -> None:
             ms(statistics.median(r.p99_s for r in results)),
         ])  # fmt: skip
     print(f"<!-- {environment()} -->\n")
-    print(f"Closed loop, {CONNECTIONS} connections, target answers after {args.service}, "
-          f"{DURATION:g} s per run, median of {args.repeat}\n")  # fmt: skip
+    print(f"Closed loop, {CONNECTIONS} connections, target answers after {options.service}, "
+          f"{DURATION:g} s per run, median of {options.repeat}\n")  # fmt: skip
     print(table(rows, ["client", "responses/s", "p50 ms", "p99 ms"]))
 
 

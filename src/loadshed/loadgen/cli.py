@@ -20,7 +20,13 @@ from rich.live import Live
 
 from loadshed.errors import ConfigError
 from loadshed.loadgen.engine import LiveCounters
-from loadshed.loadgen.options import ARRIVALS, DEFAULT_MAX_LAG_S, BenchOptions
+from loadshed.loadgen.options import (
+    ARRIVALS,
+    CLIENTS,
+    DEFAULT_MAX_LAG_S,
+    BenchOptions,
+    default_client,
+)
 from loadshed.loadgen.render import progress_line, result_tables, verdict_text
 from loadshed.loadgen.results import RunResult, merge_results
 from loadshed.loadgen.runner import GeneratorError, GeneratorSaturated, run_bench
@@ -126,6 +132,14 @@ def _request_options(func: F) -> F:
             help="Open loop: refuse the run when the p99 of the lag behind the schedule "
             "exceeds this.",
         ),
+        click.option(
+            "--client",
+            type=click.Choice(CLIENTS),
+            default=default_client(),
+            show_default=True,
+            help="HTTP client: raw (lean keep-alive HTTP/1.1 on httptools, the default when "
+            "installed) or aiohttp.",
+        ),
         click.option("--quiet", "-q", is_flag=True, help="No live progress line."),
     ]
     for decorator in reversed(decorators):
@@ -176,6 +190,7 @@ def _options(
         processes=common["processes"],
         seed=common["seed"],
         max_lag_s=common["max_lag"],
+        client=common["client"],
     )
 
 

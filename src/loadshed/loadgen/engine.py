@@ -12,7 +12,7 @@ import dataclasses
 import errno
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -24,6 +24,9 @@ from loadshed.loadgen.results import RunResult
 from loadshed.loadgen.schedule import arrival_offsets
 
 __all__ = ["Engine", "LiveCounters", "run_engine"]
+
+SendFunction = Callable[[], Awaitable[int]]
+"""Sends the run's request once and returns the response status."""
 
 _RESET_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE, errno.ECONNABORTED})
 _PROGRESS_INTERVAL_S = 0.25
@@ -53,6 +56,8 @@ class LiveCounters:
 def _error_kind(exc: BaseException) -> str:
     """Classify a client failure as ``connect``, ``reset`` or ``other``."""
     if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect"
+    if type(exc).__name__ == "ConnectFailed":  # rawhttp's, imported only when used
         return "connect"
     if isinstance(
         exc,
@@ -93,6 +98,7 @@ class Engine:
             arrival=options.arrival if options.mode == "open" else None,
             warmup_s=options.warmup_s,
             timeout_s=options.timeout_s,
+            client=options.client,
         )
         self._url = URL(options.url, encoded=False)
         self._headers = options.request_headers
@@ -102,6 +108,34 @@ class Engine:
     async def run(self, start_at: float | None = None) -> RunResult:
         """Run warm-up and the measured window (starting at ``start_at`` on the clock, or now)."""
         options = self.options
+        send, close = self._make_client()
+        try:
+            if start_at is not None:
+                await asyncio.sleep(max(0.0, start_at - self.clock.now()))
+            started = self.clock.now()
+            self._window_start = started + options.warmup_s
+            self._window_end = self._window_start + options.duration_s
+            self.live.total_s = options.warmup_s + options.duration_s
+            cpu = _WindowCpu()
+            loop = asyncio.get_running_loop()
+            loop.call_at(loop.time() + (self._window_start - self.clock.now()), cpu.mark_start)
+            if options.mode == "closed":
+                await self._closed_loop(send)
+            else:
+                await self._open_loop(send)
+            self.result.generator_cpu_s = cpu.stop()
+        finally:
+            await close()
+        return self.result
+
+    def _make_client(self) -> tuple[SendFunction, Callable[[], Awaitable[None]]]:
+        """The coroutine that sends one request and returns its status, and a closer."""
+        options = self.options
+        if options.client == "raw":
+            from loadshed.loadgen.rawhttp import RawHttpClient
+
+            raw = RawHttpClient(options.url, options.method, self._headers, options.body)
+            return raw.send, raw.close
         connector = aiohttp.TCPConnector(
             limit=options.clients or 0, ttl_dns_cache=300, enable_cleanup_closed=False
         )
@@ -117,32 +151,23 @@ class Engine:
         # There is no public switch, so set the flag its retry logic reads, when present.
         if hasattr(session, "_retry_connection"):
             session._retry_connection = False
-        try:
-            if start_at is not None:
-                await asyncio.sleep(max(0.0, start_at - self.clock.now()))
-            started = self.clock.now()
-            self._window_start = started + options.warmup_s
-            self._window_end = self._window_start + options.duration_s
-            self.live.total_s = options.warmup_s + options.duration_s
-            cpu = _WindowCpu()
-            asyncio.get_running_loop().call_at(
-                asyncio.get_running_loop().time() + (self._window_start - self.clock.now()),
-                cpu.mark_start,
-            )
-            if options.mode == "closed":
-                await self._closed_loop(session)
-            else:
-                await self._open_loop(session)
-            self.result.generator_cpu_s = cpu.stop()
-        finally:
-            await session.close()
-        return self.result
+        url, method, headers, body = self._url, options.method, self._headers, options.body
+
+        async def send() -> int:
+            response = await session.request(method, url, headers=headers, data=body)
+            try:
+                await response.read()
+            except BaseException:
+                response.close()  # a timeout mid-body: drop the connection
+                raise
+            response.release()
+            return response.status
+
+        return send, session.close
 
     # -- one request --------------------------------------------------------------------------
 
-    async def _request(
-        self, session: aiohttp.ClientSession, origin: float, scheduled: float = 0.0
-    ) -> None:
+    async def _request(self, send: SendFunction, origin: float, scheduled: float = 0.0) -> None:
         """Send one request; record its outcome if it belongs to the measured window.
 
         ``origin`` is where latency starts: the intended send time (open loop) or the actual
@@ -165,29 +190,19 @@ class Engine:
         live = self.live
         live.sent += 1
         live.inflight += 1
-        response: aiohttp.ClientResponse | None = None
         status = 0
         kind = ""
         try:
-            response = await session.request(
-                options.method, self._url, headers=self._headers, data=options.body
-            )
-            await response.read()
-            status = response.status
-            response.release()
+            status = await send()
         except asyncio.CancelledError:
             if not expired:
                 raise
-            # Our own timeout: drop the connection as a real client would.
+            # Our own timeout: the client has dropped the connection, as a real client would.
             uncancel = getattr(task, "uncancel", None)
             if uncancel is not None:
                 uncancel()
-            if response is not None:
-                response.close()
             kind = "timeout"
         except (aiohttp.ClientError, OSError) as exc:
-            if response is not None:
-                response.close()
             kind = _error_kind(exc)
         finally:
             timer.cancel()
@@ -219,9 +234,9 @@ class Engine:
 
     # -- closed loop --------------------------------------------------------------------------
 
-    async def _closed_loop(self, session: aiohttp.ClientSession) -> None:
+    async def _closed_loop(self, send: SendFunction) -> None:
         clients = self.options.clients or 1
-        workers = [asyncio.ensure_future(self._client(session)) for _ in range(clients)]
+        workers = [asyncio.ensure_future(self._client(send)) for _ in range(clients)]
         progress = asyncio.ensure_future(self._tick())
         try:
             await asyncio.sleep(max(0.0, self._window_end - self.clock.now()))
@@ -233,16 +248,16 @@ class Engine:
             progress.cancel()
             self._tick_once()
 
-    async def _client(self, session: aiohttp.ClientSession) -> None:
+    async def _client(self, send: SendFunction) -> None:
         end = self._window_end
         now = self.clock.now
         while now() < end:
             start = now()
-            await self._request(session, start)
+            await self._request(send, start)
 
     # -- open loop ----------------------------------------------------------------------------
 
-    async def _open_loop(self, session: aiohttp.ClientSession) -> None:
+    async def _open_loop(self, send: SendFunction) -> None:
         options = self.options
         assert options.rate is not None
         rng = random.Random(options.seed)
@@ -285,7 +300,7 @@ class Engine:
                     if in_window:
                         self.result.not_sent += 1
                     continue
-                task = asyncio.ensure_future(self._request(session, origin, intended))
+                task = asyncio.ensure_future(self._request(send, origin, intended))
                 pending.add(task)
                 task.add_done_callback(pending.discard)
             # Every scheduled request gets an outcome: wait for the tail (bounded by timeouts).

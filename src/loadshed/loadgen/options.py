@@ -14,15 +14,30 @@ from loadshed.errors import ConfigError
 
 __all__ = [
     "ARRIVALS",
+    "CLIENTS",
     "DEFAULT_MAX_LAG_S",
     "REJECTED_STATUSES",
     "Arrival",
     "BenchOptions",
+    "ClientKind",
+    "default_client",
     "validate_url",
 ]
 
 Arrival = Literal["constant", "poisson"]
 ARRIVALS: tuple[Arrival, ...] = ("constant", "poisson")
+ClientKind = Literal["raw", "aiohttp"]
+CLIENTS: tuple[ClientKind, ...] = ("raw", "aiohttp")
+
+
+def default_client() -> ClientKind:
+    """``raw`` (the lean httptools client) when httptools is installed, else ``aiohttp``."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:  # pragma: no cover - httptools comes with uvicorn[standard]
+        return "aiohttp"
+    return "raw"
+
 
 DEFAULT_MAX_LAG_S = 0.05
 """Default bound on the p99 of the open loop's lag behind its schedule. Past it the generator,
@@ -67,6 +82,7 @@ class BenchOptions:
     processes: int = 1
     seed: int | None = None
     max_lag_s: float = DEFAULT_MAX_LAG_S
+    client: ClientKind = dataclasses.field(default_factory=default_client)
 
     def __post_init__(self) -> None:
         validate_url(self.url)
@@ -97,6 +113,10 @@ class BenchOptions:
             raise ConfigError(
                 "--processes", f"{self.processes} processes need at least as many --clients"
             )
+        if self.client not in CLIENTS:
+            raise ConfigError("--client", f"must be one of {', '.join(CLIENTS)}")
+        if self.client == "raw" and default_client() != "raw":
+            raise ConfigError("--client", "raw needs httptools (pip install httptools)")
         if not self.max_lag_s > 0:
             raise ConfigError("--max-lag", f"must be > 0, got {self.max_lag_s}")
 

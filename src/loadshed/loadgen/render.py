@@ -48,7 +48,8 @@ def result_tables(result: RunResult, title: str = "") -> list[Table]:
     load = f"{result.clients} clients" if result.mode == "closed" else f"{result.rate:g} req/s"
     if result.mode == "open":
         load += f" ({result.arrival})"
-    summary.add_row("load", f"{result.mode} loop, {load}, {result.processes} process(es)")
+    client = f", {result.client} client" if result.client else ""
+    summary.add_row("load", f"{result.mode} loop, {load}, {result.processes} process(es){client}")
     summary.add_row("window", f"{result.duration_s:g}s (warm-up {result.warmup_s:g}s excluded)")
     summary.add_row("requests", f"{result.requests:,}")
     if result.mode == "open":

@@ -173,6 +173,7 @@ class RunResult:
     warmup_s: float = 0.0
     timeout_s: float = 0.0
     processes: int = 1
+    client: str = ""
     status_counts: Counter[int] = dataclasses.field(default_factory=Counter)
     errors: Counter[str] = dataclasses.field(default_factory=Counter)
     not_sent: int = 0
@@ -293,6 +294,7 @@ class RunResult:
             "rate": self.rate,
             "arrival": self.arrival,
             "processes": self.processes,
+            "client": self.client,
             "sources": self.sources,
             "warmup_s": self.warmup_s,
             "timeout_s": self.timeout_s,
@@ -340,6 +342,7 @@ class RunResult:
                 warmup_s=float(data.get("warmup_s", 0.0)),
                 timeout_s=float(data.get("timeout_s", 0.0)),
                 processes=int(data.get("processes", 1)),
+                client=str(data.get("client", "")),
                 not_sent=int(data.get("not_sent", 0)),
                 scheduled=int(data.get("scheduled", 0)),
                 completed_responses=int(data["completed_in_window"]["responses"]),
