@@ -9,7 +9,9 @@ minimal aiohttp.web server on 127.0.0.1). The same number of calls go through:
 - ``aiohttp-200``: a plain aiohttp session (pool 200) at a fixed concurrency of 200
   (``bounded_map``), no retries;
 - ``adaptive``: ``AdaptiveClient`` with its defaults (no configured concurrency),
-  fed by ``client.map``; ``adaptive-<limit>`` with another limit algorithm.
+  fed by ``client.map``; ``adaptive-<limit>`` with another limit: a
+  ``make_limit`` spec (``adaptive-gradient``), ``aimd/<backoff ratio>``
+  (``adaptive-aimd/0.5``), either followed by ``@<N>`` for one update per N calls.
 
 Per variant: throughput of successful calls and its share of the upstream's
 capacity (slots / mean service time), the upstream's slot utilisation (measured by
@@ -46,7 +48,7 @@ from requests.adapters import HTTPAdapter
 
 from loadshed.bounded import bounded_map
 from loadshed.client import AdaptiveClient, Response, default_client_limit
-from loadshed.errors import Rejected
+from loadshed.errors import ConfigError, Rejected
 from loadshed.limits import AIMD, LimitAlgorithm, Windowed, make_limit
 
 SLOTS = 16
@@ -256,22 +258,25 @@ async def plain_aiohttp(url: str, calls: int, recorder: Recorder) -> dict[str, f
     return {}
 
 
-async def adaptive(url: str, calls: int, recorder: Recorder, limit: str) -> dict[str, float]:
-    """AdaptiveClient, no configured concurrency, fed by client.map."""
-    limits: list[int] = []
-    options: dict[str, Any] = {}
+def build_limit(limit: str) -> LimitAlgorithm | None:
+    """The limit of an ``adaptive-<limit>`` variant: ``default``, a make_limit spec,
+    ``aimd/<backoff ratio>``, each optionally ``@<N>`` (one update per N samples)."""
     spec, _, per = limit.partition("@")
-    algorithm: LimitAlgorithm | str | None = None
-    if spec.startswith("aimd/"):  # aimd/<backoff ratio>
+    algorithm: LimitAlgorithm | None = None
+    if spec.startswith("aimd/"):
         algorithm = AIMD(backoff_ratio=float(spec.partition("/")[2]))
     elif spec != "default":
         algorithm = make_limit(spec)
-    if per:  # <spec>@<N>: one update per N samples (Windowed)
-        inner = default_client_limit() if algorithm is None else make_limit(algorithm)
+    if per:
+        inner = default_client_limit() if algorithm is None else algorithm
         algorithm = Windowed(inner, window=1e-6, min_samples=int(per))
-    if algorithm is not None:
-        options["limit"] = algorithm
-    async with AdaptiveClient(timeout=CALL_TIMEOUT_S, **options) as client:
+    return algorithm
+
+
+async def adaptive(url: str, calls: int, recorder: Recorder, limit: str) -> dict[str, float]:
+    """AdaptiveClient, no configured concurrency, fed by client.map."""
+    limits: list[int] = []
+    async with AdaptiveClient(timeout=CALL_TIMEOUT_S, limit=build_limit(limit)) as client:
 
         async def call(index: int) -> Response:
             return await client.post(url, json={"doc": index})
@@ -407,6 +412,11 @@ def main(
                 f"{variant!r}; allowed: blocking|aiohttp-200|adaptive|adaptive-<limit>",
                 param_hint="--variant",
             )
+        if variant.startswith("adaptive-"):
+            try:
+                build_limit(variant.partition("-")[2])
+            except (ConfigError, ValueError) as error:
+                raise click.BadParameter(f"{variant!r}: {error}", param_hint="--variant") from error
     use_uvloop = loop_name == "uvloop"
     parent, child = multiprocessing.Pipe()
     server = multiprocessing.Process(target=serve, args=(child, queue, use_uvloop), daemon=True)
