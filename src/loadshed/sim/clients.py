@@ -69,21 +69,21 @@ class ClientConfig:
 class _Client:
     """Shared send / timeout / response handling."""
 
-    __slots__ = ("config", "engine", "recorder", "target")
+    __slots__ = ("_now", "config", "engine", "recorder", "target")
 
     def __init__(
         self, engine: Engine, target: Target, config: ClientConfig, recorder: Recorder
     ) -> None:
         self.engine = engine
+        self._now = engine.clock.now
         self.target = target
         self.config = config
         self.recorder = recorder
 
     def _send(self, tag: int) -> None:
         """Create a request arriving at the server now, and arm its timeout."""
-        engine = self.engine
         config = self.config
-        now = engine.clock.now()
+        now = self._now()
         sent_at = now - config.one_way
         request = Request(sent_at, sent_at + config.timeout, self, tag)
         if config.send_deadline:
@@ -93,7 +93,7 @@ class _Client:
         self.target.arrive(request)
         if not request.done:
             # armed only now: a request refused on arrival needs no timeout event
-            engine.at(request.timeout_at, self._timeout, request)
+            self.engine.at(request.timeout_at, self._timeout, request)
 
     def _timeout(self, request: Request) -> None:
         if request.done:
@@ -164,7 +164,7 @@ class ClosedLoop(_Client):
             engine.at(start + config.one_way, self._send_tagged, tag)
 
     def _send_tagged(self, tag: int) -> None:
-        if self.engine.clock.now() - self.config.one_way < self._stop:
+        if self._now() - self.config.one_way < self._stop:
             self._send(tag)
 
     def on_done(self, request: Request, when: float) -> None:

@@ -39,6 +39,7 @@ class Replica:
         "_engine",
         "_expiry_at",
         "_limit_now",
+        "_now",
         "admission",
         "index",
         "limit_trace",
@@ -60,6 +61,7 @@ class Replica:
         index: int = 0,
     ) -> None:
         self._engine = engine
+        self._now = engine.clock.now
         self.origin = Origin(engine, workers, service, self._origin_done, max_queue=origin_queue)
         self.admission = admission
         self.one_way = one_way
@@ -79,7 +81,7 @@ class Replica:
         """A request reaches the server (the current virtual time)."""
         if request.client_gone:
             return
-        now = self._engine.clock.now()
+        now = self._now()
         request.replica = self
         request.arrived_at = now
         request.served = False
@@ -130,9 +132,7 @@ class Replica:
         if token is not None:
             request.token = None
             deadline = request.deadline
-            late = request.client_gone or (
-                deadline is not None and self._engine.clock.now() > deadline
-            )
+            late = request.client_gone or (deadline is not None and self._now() > deadline)
             token.release(_DROPPED if (late or not ok) else _SUCCESS)
             self._after_change()
         self._answer(request, Status.SUCCESS if ok else Status.ORIGIN_REJECTED)
@@ -149,12 +149,15 @@ class Replica:
             # the request leaves the server now, unanswered
             self._departed(request)
         else:
-            admission.client_gave_up(self._engine.clock.now() - request.arrived_at)
+            admission.client_gave_up(self._now() - request.arrived_at)
         # leaving can only make the earliest expiry later: the pending event is enough
 
     def _answer(self, request: Request, status: int) -> None:
-        self._departed(request)
-        request.owner.on_response(request, status, self._engine.clock.now() + self.one_way)
+        request.served = True
+        self.outstanding -= 1
+        if self.on_outstanding is not None:
+            self.on_outstanding(self, self.outstanding + 1)
+        request.owner.on_response(request, status, self._now() + self.one_way)
 
     def _departed(self, request: Request) -> None:
         request.served = True
@@ -168,7 +171,7 @@ class Replica:
         admission = self.admission
         assert admission is not None
         limit = admission.limit
-        now = self._engine.clock.now()
+        now = self._now()
         if limit != self._limit_now:
             self._limit_now = limit
             assert self.limit_trace is not None
