@@ -343,3 +343,26 @@ def test_sized_body_and_upstream_prefix() -> None:
     headers = _headers(seen)
     assert headers["content-length"] == [str(len(payload))]
     assert "transfer-encoding" not in headers and "expect" not in headers
+
+
+async def test_queued_request_whose_client_leaves_never_reaches_the_upstream() -> None:
+    recorder = Recorder()
+    with (
+        serve_asgi(slow_app(1.0, recorder)) as upstream,
+        run_proxy(upstream, limit="fixed:1", max_queue_wait=5.0) as (url, proxy),
+    ):
+        limiter = proxy.pool.upstreams[0].limiter
+        async with aiohttp.ClientSession() as session:
+            first = asyncio.ensure_future(session.get(url + "/first"))
+            while limiter.inflight < 1:
+                await asyncio.sleep(0.01)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(session.get(url + "/second"), 0.3)
+            await asyncio.sleep(0.1)
+            assert limiter.queue_length == 0  # it left the queue with its client
+            response = await first
+            assert response.status == 200
+            response.release()
+        counts = limiter.snapshot().counts
+    assert counts.get("rejected:client_gone") == 1, counts
+    assert len(recorder.requests) == 1  # only the first reached the upstream
