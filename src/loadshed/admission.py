@@ -526,7 +526,13 @@ class Admission:
             self.service.add(service_s)
         if outcome is not Outcome.IGNORED:
             self.algorithm.update(
-                Sample(service_s, token.inflight_at_admit, outcome is Outcome.DROPPED, now)
+                Sample(
+                    service_s,
+                    token.inflight_at_admit,
+                    outcome is Outcome.DROPPED,
+                    now,
+                    self._queued,
+                )
             )
         for listener in self._listeners:
             listener.on_release(outcome, service_s)

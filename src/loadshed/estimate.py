@@ -48,9 +48,11 @@ class ServiceTimeEstimator:
     """Service time (admission to release) of recent successful requests.
 
     ``mean`` is an exponentially weighted moving average (for queue-drain estimates);
-    ``high`` is a windowed high percentile (p90 of the last ``window`` samples, for
-    the conservative question "can this request still finish before its deadline?").
-    Until the first sample both return ``initial`` (None: unknown).
+    ``high`` is a windowed high percentile (p90 of the last ``window`` samples), or
+    the mean of the last ``recent`` samples when that is higher, so that a model that
+    just got slower is believed within a few requests: it answers the conservative
+    question "can this request still finish before its deadline?". Until the first
+    sample both return ``initial`` (None: unknown).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class ServiceTimeEstimator:
         alpha: float = 0.1,
         window: int = 100,
         high_quantile: float = 0.9,
+        recent: int = 5,
     ) -> None:
         if not 0 < alpha <= 1:
             raise ConfigError("alpha", f"must be in (0, 1], got {alpha}")
@@ -74,6 +77,7 @@ class ServiceTimeEstimator:
         self._initial = initial
         self._recent = _RecentValues(window)
         self._high_quantile = high_quantile
+        self._latest: deque[float] = deque(maxlen=max(1, recent))
 
     def add(self, service_seconds: float) -> None:
         """Record one request's service time in seconds."""
@@ -82,6 +86,7 @@ class ServiceTimeEstimator:
         else:
             self._mean += self._alpha * (service_seconds - self._mean)
         self._recent.add(service_seconds)
+        self._latest.append(service_seconds)
 
     @property
     def samples(self) -> int:
@@ -98,7 +103,8 @@ class ServiceTimeEstimator:
         """High percentile of recent service times, or the initial guess, or None."""
         if not len(self._recent):
             return self._initial
-        return self._recent.quantile(self._high_quantile)
+        latest_mean = sum(self._latest) / len(self._latest)
+        return max(self._recent.quantile(self._high_quantile), latest_mean)
 
 
 class PatienceEstimator:
@@ -109,7 +115,7 @@ class PatienceEstimator:
     It stays unknown (None) until ``min_samples`` give-ups were seen.
     """
 
-    def __init__(self, *, quantile: float = 0.1, window: int = 200, min_samples: int = 5) -> None:
+    def __init__(self, *, quantile: float = 0.1, window: int = 200, min_samples: int = 3) -> None:
         if not 0 < quantile <= 1:
             raise ConfigError("patience_quantile", f"must be in (0, 1], got {quantile}")
         if min_samples < 1:

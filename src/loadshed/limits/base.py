@@ -23,12 +23,15 @@ class Sample:
     inflight: requests in flight when this one was admitted, itself included.
     dropped: the request ended in a sign of overload (timeout, 503/429, deadline).
     now: clock time at release, in seconds.
+    queued: requests waiting for admission at release (0 if unknown): demand beyond
+        the limit, which tells an algorithm the limit is binding.
     """
 
     rtt: float
     inflight: int
     dropped: bool
     now: float
+    queued: int = 0
 
 
 def check_bounds(initial: int, min_limit: int, max_limit: int) -> None:

@@ -1,34 +1,62 @@
 """``Little``: loadshed's default limit for model endpoints.
 
-The concurrency that keeps every worker busy with no queue is, by Little's law,
-the delivery rate times the latency without queueing (the bandwidth-delay product,
-as BBR computes it for TCP). ``Little`` measures both and sets
+By Little's law, the concurrency that keeps every worker busy with no queue is the
+delivery rate times the latency without queueing: the bandwidth-delay product, as
+BBR computes it for TCP. ``Little`` measures both and sets
 
-    limit = gain x max_delivery_rate x min_latency
+    limit = max_delivery_rate x min_latency
 
-Delivery rate is measured per request, as BBR does per packet: the successes
-completed while a request was in flight, divided by its latency. Requests admitted
-while the limiter had free slots are *app-limited*: their rate says nothing about
-capacity and may only raise the estimate. The maximum rate and the minimum latency
-are each filtered over the last ``filter_rounds`` rounds, where a round lasts one
-minimum latency, so both forget an old regime together.
+Delivery rate, per request as BBR does per packet: the completions during the
+request's life (itself included) divided by its latency. It cannot exceed the
+capacity however many requests were admitted, because a request that waited for a
+worker also saw the others complete. Latency: the fastest request of a round.
 
-Phases, per round:
-- start-up: gain 2 until the rate stops growing by 25 % for 3 saturated rounds, or
-  the latency of a round rises well above the minimum (a queue formed);
-- then a cycle of ``probe_gain`` for one round (look for more capacity), ``drain_gain``
-  for one round (empty the queue the probe made, so the minimum latency is fresh),
-  and gain 1 otherwise. Probing adds at least one slot and draining removes at least
-  one, so the cycle works at the 1 to 64 workers of a model server.
+Rounds: a round ends once half the limit's worth of requests admitted during it
+have completed (and ``min_round`` has passed), so that its figures show the effect
+of the limit it ran with. The maximum rate and the minimum latency are filtered
+over the last ``filter_rounds`` rounds, so that both forget an old regime together.
+A round *measures* capacity only when demand exceeded the limit (a request was
+admitted at the limit, or requests were waiting) or requests queued behind the
+limiter's back (latency 1.5x the minimum). Other rounds are app-limited: they carry
+the current rate forward, so quiet periods neither shrink the limit nor probe.
 
-A round with drops and no successes backs the limit off by ``backoff``; a round
-with drops never probes. Rounds with no saturated sample keep the limit (traffic is
-too low to say anything), so quiet periods neither shrink it nor cause probing.
+States:
+- ``startup``: the limit doubles each measuring round while the rate grows by 25 %;
+  it ends after 3 rounds without growth (app-limited ones count), on a queue or on
+  drops, through a drain;
+- ``cruise``: limit = estimate; probe after ``cycle_rounds`` measuring rounds; a
+  round whose latency jumped (a queue, or a slower service) drains at once;
+- ``probe``: estimate + step for one round; if the rate rose by at least half of
+  what the extra slots should give, probe again with twice the step (capacity is
+  found in logarithmic time), else drain and wait twice as long before the next
+  probe (up to 8 cycles), so that a server at capacity is seldom made to queue;
+- ``drain``: ``drain_gain`` x estimate (at least one slot fewer) for one round, to
+  empty any queue and refresh the minimum latency. If the drain did not lower the
+  latency, the service itself got slower: the faster past leaves the filters and
+  the concurrency is kept (same workers, slower). If the drain kept the rate, the
+  slots it removed were idle: the estimate was high, and the drained limit becomes
+  a ceiling until a probe succeeds.
+
+Guards: a request whose latency exceeds twice the minimum while the limit is more
+than one slot over the estimate brings the limit down at once (an initial guess or a
+stale estimate that is too high); a round of only drops backs the limit off by
+``backoff``, counting only drops of requests admitted under a limit no higher than
+the current one (drops of requests admitted earlier under a higher limit are old
+news, and a limit cannot climb while every request ends at the same timeout); a
+round with drops never probes.
+
+Known limit: the minimum latency assumes service times that vary little (a model
+on fixed-size inputs). When they vary a lot (exponential or wide log-normal),
+rate x minimum latency undercounts the workers and the limit can fall to a few
+slots; ``loadshed simulate paradox --service-dist lognormal`` shows it. Use a
+``fixed:N`` limit (N = workers) or ``gradient2`` for such models until this is
+solved.
 """
 
 from __future__ import annotations
 
 import bisect
+import enum
 import math
 from collections import deque
 
@@ -40,18 +68,30 @@ __all__ = ["Little"]
 _STARTUP_GAIN = 2.0
 _STARTUP_GROWTH = 1.25
 _STARTUP_STALL_ROUNDS = 3
-_QUEUE_RISE = 1.5  # a round whose minimum latency exceeds this x min_latency has a queue
+_QUEUE_RISE = 1.5  # round latency over this x the minimum: requests queued somewhere
+_SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut now
+_PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
+_DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
+
+
+class _State(enum.Enum):
+    STARTUP = "startup"
+    CRUISE = "cruise"
+    PROBE = "probe"
+    DRAIN = "drain"
 
 
 class Little(LimitAlgorithm):
-    """Limit = gain x max delivery rate x min latency (see the module docstring).
+    """Limit = max delivery rate x min latency, probed and drained (see the module).
 
     Defaults suit model endpoints (1 to 64 workers, 10 ms to seconds per call):
-    ``initial_limit`` 8 (a few workers' worth; start-up doubles it per round while
-    the rate grows), ``min_limit`` 1 (a single-worker model must be able to run one
-    at a time), ``max_limit`` 1000, an 8-round gain cycle probing at 1.125 and
-    draining at 0.875 (small enough that the probe's extra request waits a fraction
-    of a service time), filters over 10 rounds, rounds of at least 10 ms.
+    ``initial_limit`` 2 (start-up doubles it each round while the rate grows, so 64
+    workers are found in 5 rounds, and a single-worker model is over-committed by one
+    request at most before the first measurement), ``min_limit`` 1 (a one-worker
+    model must run one request at a time), ``max_limit`` 1000, a probe every 8
+    measuring rounds starting with one extra slot (the extra request waits a
+    fraction of a service time), drains at 0.875, filters over 10 rounds, rounds of
+    at least 10 ms.
     """
 
     name = "little"
@@ -59,10 +99,9 @@ class Little(LimitAlgorithm):
     def __init__(
         self,
         *,
-        initial_limit: int = 8,
+        initial_limit: int = 2,
         min_limit: int = 1,
         max_limit: int = 1000,
-        probe_gain: float = 1.125,
         drain_gain: float = 0.875,
         cycle_rounds: int = 8,
         filter_rounds: int = 10,
@@ -70,12 +109,10 @@ class Little(LimitAlgorithm):
         backoff: float = 0.9,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
-        if probe_gain < 1:
-            raise ConfigError("probe_gain", f"must be >= 1, got {probe_gain}")
         if not 0 < drain_gain <= 1:
             raise ConfigError("drain_gain", f"must be in (0, 1], got {drain_gain}")
-        if cycle_rounds < 3:
-            raise ConfigError("cycle_rounds", f"must be >= 3, got {cycle_rounds}")
+        if cycle_rounds < 2:
+            raise ConfigError("cycle_rounds", f"must be >= 2, got {cycle_rounds}")
         if filter_rounds < cycle_rounds:
             raise ConfigError(
                 "filter_rounds", f"must be >= cycle_rounds ({cycle_rounds}), got {filter_rounds}"
@@ -86,31 +123,40 @@ class Little(LimitAlgorithm):
             raise ConfigError("backoff", f"must be in (0, 1), got {backoff}")
         self.min_limit = min_limit
         self.max_limit = max_limit
-        self.probe_gain = probe_gain
         self.drain_gain = drain_gain
         self.cycle_rounds = cycle_rounds
         self.min_round = min_round
         self.backoff = backoff
         self._limit = initial_limit
 
-        # Completion times (sorted; the first ``_history_start`` entries are
-        # forgotten) to count how many completed during a request's lifetime.
-        self._completions: list[float] = []
-        self._history_start = 0
-        # Per-round extremes, newest last: (max saturated rate or 0, min latency or inf).
+        # Per round, newest last: (delivery rate, minimum latency).
         self._rounds: deque[tuple[float, float]] = deque(maxlen=filter_rounds)
+        self._rate_max = 0.0
+        self._latency_min = math.inf
+        self._previous_round_latency = math.inf
+        # The round in progress.
         self._round_start: float | None = None
-        self._round_rate = 0.0
-        self._round_latency = math.inf
         self._round_successes = 0
+        self._round_latency = math.inf
+        self._round_rate = 0.0
         self._round_drops = 0
         self._round_saturated = False
-        self._rate_max = 0.0  # last known maximum: kept when every round was app-limited
-        self._latency_min = math.inf
-        self._startup = True
+        # Completion times (sorted; those before index ``_history_start`` are
+        # forgotten) to count the completions during each request's lifetime.
+        self._completions: list[float] = []
+        self._history_start = 0
+        # The state machine.
+        self._state = _State.STARTUP
         self._startup_best_rate = 0.0
         self._startup_stalls = 0
-        self._phase = 0
+        self._cruise_rounds = 0
+        self._probe_interval = cycle_rounds
+        self._probe_step = 1
+        self._probe_base_limit = 0
+        self._probe_base_rate = 0.0
+        self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
+        self._cruise_limit = 0
+        self._ceiling: int | None = None  # set when a drain showed the last slot idle
 
     @property
     def limit(self) -> int:
@@ -118,120 +164,216 @@ class Little(LimitAlgorithm):
 
     @property
     def rate_max(self) -> float:
-        """The filtered maximum delivery rate (requests per second)."""
+        """The filtered maximum delivery rate (requests per second); 0 before known."""
         return self._rate_max
 
     @property
     def latency_min(self) -> float:
-        """The filtered minimum latency (seconds); inf before the first success."""
+        """The filtered minimum round latency (seconds); inf before the first round."""
         return self._latency_min
 
     @property
-    def in_startup(self) -> bool:
-        """True until start-up has found the capacity."""
-        return self._startup
+    def state(self) -> str:
+        """``startup``, ``cruise``, ``probe`` or ``drain``."""
+        return self._state.value
+
+    def estimate(self) -> float:
+        """The bandwidth-delay product (rate_max x latency_min), or 0 while unknown."""
+        if self._rate_max <= 0 or self._latency_min == math.inf:
+            return 0.0
+        return self._rate_max * self._latency_min
 
     def describe(self) -> str:
-        phase = "startup" if self._startup else f"cycle[{self._phase}]"
         return (
             f"little(limit={self._limit}, rate_max={self._rate_max:.2f}/s, "
-            f"latency_min={self._latency_min:.4f}s, {phase})"
+            f"latency_min={self._latency_min:.4f}s, {self._state.value})"
         )
 
+    # ---------------------------------------------------------------- samples
+
     def update(self, sample: Sample) -> int:
-        now = sample.now
+        now, rtt = sample.now, max(sample.rtt, 0.0)
         if self._round_start is None:
-            self._round_start = now
+            self._round_start = now - rtt - 1e-9  # the first round starts with the first request
+        # Only requests admitted during this round show the effect of its limit.
+        in_round = now - rtt > self._round_start
+        if sample.queued > 0:
+            self._round_saturated = True  # demand beyond the limit right now
         if sample.dropped:
-            self._round_drops += 1
+            if in_round and sample.inflight <= self._limit:
+                self._round_drops += 1
         else:
-            self._on_success(sample)
-        round_length = max(self.min_round, self._latency_min if self._latency_min < math.inf else 0)
-        if now - self._round_start >= round_length and (self._round_successes or self._round_drops):
+            rate = self._delivery_rate(now, rtt)
+            self._cut_if_queued(rtt)
+            if in_round:
+                self._round_successes += 1
+                self._round_latency = min(self._round_latency, rtt)
+                self._round_rate = max(self._round_rate, rate)
+                if sample.inflight >= self._limit:
+                    self._round_saturated = True
+        turned_over = self._round_successes + self._round_drops
+        if turned_over >= max(1, math.ceil(self._limit / 2)) and (
+            now - self._round_start >= self.min_round
+        ):
+            # Half the slots have turned over under this round's limit.
             self._end_round(now)
         return self._limit
 
-    def _on_success(self, sample: Sample) -> None:
-        now, rtt = sample.now, max(sample.rtt, 0.0)
-        self._round_successes += 1
-        self._round_latency = min(self._round_latency, rtt)
+    def _delivery_rate(self, now: float, rtt: float) -> float:
+        """Completions during this request's life (itself included) per second.
+
+        As BBR's per-packet delivery rate: it cannot exceed the capacity however
+        many requests were in flight, since a queued request's latency grows with
+        the queue in front of it.
+        """
         completions = self._completions
         if completions and now < completions[-1]:
             now = completions[-1]  # keep the history sorted if samples arrive out of order
         completions.append(now)
-        self._forget_old_completions(now - max(4 * rtt, 1.0))
-        if rtt <= 0:
-            return
-        # Completions during this request's lifetime, itself included.
-        completed_during = len(completions) - bisect.bisect_right(
-            completions, now - rtt, lo=self._history_start
-        )
-        rate = completed_during / rtt
-        saturated = sample.inflight >= self._limit
-        if saturated:
-            self._round_saturated = True
-        if saturated or rate > self._rate_max:
-            self._round_rate = max(self._round_rate, rate)
-
-    def _forget_old_completions(self, horizon: float) -> None:
-        """Drop completion times before ``horizon``, compacting the list now and then."""
-        completions = self._completions
-        start = bisect.bisect_left(completions, horizon, lo=self._history_start)
+        start = bisect.bisect_left(completions, now - max(4 * rtt, 1.0), lo=self._history_start)
         start = min(start, len(completions) - 1)
         if start > 1024 and start > len(completions) // 2:
             del completions[:start]
             start = 0
         self._history_start = start
+        if rtt <= 0:
+            return 0.0
+        during = len(completions) - bisect.bisect_right(completions, now - rtt, lo=start)
+        return during / rtt
+
+    def _cut_if_queued(self, rtt: float) -> None:
+        """A request that queued far beyond the minimum latency: stop over-admitting now."""
+        bdp = self.estimate()
+        if bdp <= 0 or rtt <= _SAMPLE_QUEUE_RISE * self._latency_min:
+            return
+        base = max(1, round(bdp))
+        if self._limit > base + 1:
+            if self._state in (_State.STARTUP, _State.PROBE):
+                self._enter_drain()
+            self._limit = self._clamp(base)
+
+    # ----------------------------------------------------------------- rounds
 
     def _end_round(self, now: float) -> None:
-        previous_latency_min = self._latency_min
-        self._rounds.append((self._round_rate, self._round_latency))
-        rates = [rate for rate, _ in self._rounds if rate > 0]
-        if rates:
-            self._rate_max = max(rates)
-        self._latency_min = min(latency for _, latency in self._rounds)
-        queue_formed = (
-            self._round_latency < math.inf
-            and previous_latency_min < math.inf
-            and self._round_latency > _QUEUE_RISE * previous_latency_min
-        )
-        saturated = self._round_saturated
+        assert self._round_start is not None
         successes, drops = self._round_successes, self._round_drops
+        rate = self._round_rate
+        latency = self._round_latency
+        saturated = self._round_saturated
         self._round_start = now
-        self._round_rate = 0.0
-        self._round_latency = math.inf
         self._round_successes = 0
+        self._round_latency = math.inf
+        self._round_rate = 0.0
         self._round_drops = 0
         self._round_saturated = False
+
+        previous_min = self._latency_min
+        queue_formed = latency < math.inf and latency > _QUEUE_RISE * previous_min
+        measuring = saturated or queue_formed
+        if latency < math.inf or measuring:
+            # App-limited rounds carry the estimate: a quiet period is no evidence.
+            self._rounds.append((rate if measuring else max(rate, self._rate_max), latency))
+        if (
+            self._state is _State.DRAIN
+            and queue_formed
+            and latency >= _DRAIN_UNCHANGED * self._previous_round_latency
+        ):
+            # Draining did not bring latency down: the service itself got slower.
+            # Forget the rounds of the faster past, rates and latencies together, and
+            # keep the concurrency: the workers are the same, only slower.
+            workers = max(1, round(self.estimate()))
+            self._rounds.clear()
+            self._rounds.append((workers / latency, latency))
+        self._previous_round_latency = latency
+        if self._rounds:
+            self._rate_max = max(r for r, _ in self._rounds)
+            self._latency_min = min(lat for _, lat in self._rounds)
 
         if drops and not successes:
             self._limit = self._clamp(math.floor(self._limit * self.backoff))
             return
-        if not saturated or self._rate_max <= 0 or self._latency_min == math.inf:
+        bdp = self.estimate()
+        if bdp <= 0:
+            return
+        if self._state is _State.STARTUP:
+            self._startup_round(rate, measuring, queue_formed, drops > 0, bdp)
+        elif self._state is _State.DRAIN:
+            if measuring and 0 < self._limit < self._cruise_limit and self._cruise_rate > 0:
+                removed = self._cruise_limit - self._limit
+                expected_loss = self._cruise_rate * removed / self._cruise_limit
+                if rate >= self._cruise_rate - _PROBE_SUCCESS * expected_loss:
+                    # Fewer slots, same rate: the slots removed were not doing work.
+                    self._ceiling = self._limit
+            self._enter_cruise(bdp)  # a drain lasts one round, measuring or not
+        elif not measuring:
             return  # app-limited: nothing learned about capacity
-        bdp = self._rate_max * self._latency_min
-        if self._startup:
-            if queue_formed or drops:
-                self._startup = False
-            elif self._rate_max >= _STARTUP_GROWTH * self._startup_best_rate:
-                self._startup_best_rate = self._rate_max
-                self._startup_stalls = 0
+        elif self._state is _State.PROBE:
+            self._probe_round(rate, drops > 0, bdp)
+        else:
+            self._cruise_rate = rate
+            self._cruise_limit = self._limit
+            self._cruise_rounds += 1
+            if queue_formed:
+                # Latency jumped: a queue behind our back or a slower service. A
+                # drain round tells which (and whether the last slot was idle).
+                self._enter_drain()
+            elif self._cruise_rounds >= self._probe_interval and not drops:
+                self._enter_probe(rate, bdp)
             else:
-                self._startup_stalls += 1
-                if self._startup_stalls >= _STARTUP_STALL_ROUNDS:
-                    self._startup = False
-            if self._startup:
-                self._limit = self._clamp(math.ceil(_STARTUP_GAIN * bdp))
-                return
-            self._phase = 1  # leave start-up through a drain round
-        target = self._cycle_target(bdp, probe_allowed=not drops)
-        self._phase = (self._phase + 1) % self.cycle_rounds
-        self._limit = self._clamp(target)
+                self._limit = self._clamp(self._base(bdp))
 
-    def _cycle_target(self, bdp: float, *, probe_allowed: bool) -> int:
+    def _startup_round(
+        self, rate: float, measuring: bool, queue_formed: bool, dropped: bool, bdp: float
+    ) -> None:
+        if queue_formed or dropped:
+            self._enter_drain()
+            return
+        if measuring and rate >= _STARTUP_GROWTH * self._startup_best_rate:
+            self._startup_best_rate = rate
+            self._startup_stalls = 0
+            self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * self._latency_min))
+            return
+        self._startup_stalls += 1
+        if self._startup_stalls >= _STARTUP_STALL_ROUNDS:
+            self._enter_drain()
+
+    def _probe_round(self, rate: float, dropped: bool, bdp: float) -> None:
+        extra = self._limit - self._probe_base_limit
+        expected = self._probe_base_rate * extra / max(1, self._probe_base_limit)
+        if not dropped and rate >= self._probe_base_rate + _PROBE_SUCCESS * expected:
+            # The extra slots were used: there is more capacity. Probe further.
+            self._ceiling = None
+            self._probe_base_limit = self._limit
+            self._probe_base_rate = rate
+            self._probe_step *= 2
+            self._probe_interval = self.cycle_rounds
+            self._limit = self._clamp(self._limit + self._probe_step)
+        else:
+            # Nothing more to find: probe half as often next time, so a server at its
+            # capacity is not made to queue every few rounds.
+            self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
+            self._enter_drain()
+
+    def _base(self, bdp: float) -> int:
+        """The cruise limit: the estimate, under the ceiling a drain may have found."""
         base = max(1, round(bdp))
-        if self._phase == 0 and probe_allowed:
-            return max(base + 1, math.floor(self.probe_gain * bdp))
-        if self._phase == 1:
-            return max(1, min(base - 1, math.ceil(self.drain_gain * bdp)))
-        return base
+        return base if self._ceiling is None else min(base, self._ceiling)
+
+    def _enter_probe(self, rate: float, bdp: float) -> None:
+        self._state = _State.PROBE
+        self._probe_step = 1
+        self._probe_base_limit = self._base(bdp)
+        self._probe_base_rate = rate
+        self._limit = self._clamp(self._probe_base_limit + 1)
+
+    def _enter_drain(self) -> None:
+        self._state = _State.DRAIN
+        bdp = self.estimate()
+        if bdp > 0:
+            base = self._base(bdp)
+            self._limit = self._clamp(max(1, min(base - 1, math.ceil(self.drain_gain * base))))
+
+    def _enter_cruise(self, bdp: float) -> None:
+        self._state = _State.CRUISE
+        self._cruise_rounds = 0
+        self._limit = self._clamp(self._base(bdp))
