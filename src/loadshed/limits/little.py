@@ -22,8 +22,8 @@ the current rate forward, so quiet periods neither shrink the limit nor probe.
 
 States:
 - ``startup``: the limit doubles each measuring round while the rate grows by 25 %;
-  it ends after 3 rounds without growth (app-limited ones count), on a queue or on
-  drops, through a drain;
+  it ends after 3 rounds without growth (app-limited ones count once something was
+  measured: demand has levelled off), on a queue or on drops, through a drain;
 - ``cruise``: limit = estimate; probe after ``cycle_rounds`` measuring rounds; a
   round whose latency jumped (a queue, or a slower service) drains at once;
 - ``probe``: estimate + step for one round; if the rate rose by at least half of
@@ -40,10 +40,11 @@ States:
 Guards: a request whose latency exceeds twice the minimum while the limit is more
 than one slot over the estimate brings the limit down at once (an initial guess or a
 stale estimate that is too high); a round of only drops backs the limit off by
-``backoff``, counting only drops of requests admitted under a limit no higher than
-the current one (drops of requests admitted earlier under a higher limit are old
-news, and a limit cannot climb while every request ends at the same timeout); a
-round with drops never probes.
+``backoff`` (and at once to the estimate when there is one), counting only drops
+of requests admitted under a limit no higher than the current one (drops of
+requests admitted earlier under a higher limit are old news, and a limit cannot
+climb while every request ends at the same timeout); a round with drops never
+probes.
 
 Known limit: the minimum latency assumes service times that vary little (a model
 on fixed-size inputs). When they vary a lot (exponential or wide log-normal),
@@ -139,6 +140,7 @@ class Little(LimitAlgorithm):
         self._round_successes = 0
         self._round_latency = math.inf
         self._round_rate = 0.0
+        self._round_own_rate = 0.0
         self._round_drops = 0
         self._round_saturated = False
         # Completion times (sorted; those before index ``_history_start`` are
@@ -203,12 +205,16 @@ class Little(LimitAlgorithm):
             if in_round and sample.inflight <= self._limit:
                 self._round_drops += 1
         else:
+            # Any request's delivery rate is a lower bound on capacity, whenever it
+            # was admitted (the filter takes them all); judging this round's limit
+            # (probe, drain) takes only the requests admitted under it.
             rate = self._delivery_rate(now, rtt)
+            self._round_rate = max(self._round_rate, rate)
             self._cut_if_queued(rtt)
             if in_round:
                 self._round_successes += 1
                 self._round_latency = min(self._round_latency, rtt)
-                self._round_rate = max(self._round_rate, rate)
+                self._round_own_rate = max(self._round_own_rate, rate)
                 if sample.inflight >= self._limit:
                     self._round_saturated = True
         turned_over = self._round_successes + self._round_drops
@@ -258,12 +264,14 @@ class Little(LimitAlgorithm):
         assert self._round_start is not None
         successes, drops = self._round_successes, self._round_drops
         rate = self._round_rate
+        own_rate = self._round_own_rate
         latency = self._round_latency
         saturated = self._round_saturated
         self._round_start = now
         self._round_successes = 0
         self._round_latency = math.inf
         self._round_rate = 0.0
+        self._round_own_rate = 0.0
         self._round_drops = 0
         self._round_saturated = False
 
@@ -289,10 +297,17 @@ class Little(LimitAlgorithm):
             self._rate_max = max(r for r, _ in self._rounds)
             self._latency_min = min(lat for _, lat in self._rounds)
 
-        if drops and not successes:
-            self._limit = self._clamp(math.floor(self._limit * self.backoff))
-            return
         bdp = self.estimate()
+        if drops and not successes:
+            # Only drops: back off, at once down to the estimate if it is known.
+            backed_off = math.floor(self._limit * self.backoff)
+            if bdp > 0:
+                backed_off = min(backed_off, self._base(bdp))
+                if self._state is _State.STARTUP:
+                    self._state = _State.CRUISE
+                    self._cruise_rounds = 0
+            self._limit = self._clamp(backed_off)
+            return
         if bdp <= 0:
             return
         if self._state is _State.STARTUP:
@@ -301,16 +316,16 @@ class Little(LimitAlgorithm):
             if measuring and 0 < self._limit < self._cruise_limit and self._cruise_rate > 0:
                 removed = self._cruise_limit - self._limit
                 expected_loss = self._cruise_rate * removed / self._cruise_limit
-                if rate >= self._cruise_rate - _PROBE_SUCCESS * expected_loss:
+                if own_rate >= self._cruise_rate - _PROBE_SUCCESS * expected_loss:
                     # Fewer slots, same rate: the slots removed were not doing work.
                     self._ceiling = self._limit
             self._enter_cruise(bdp)  # a drain lasts one round, measuring or not
         elif not measuring:
             return  # app-limited: nothing learned about capacity
         elif self._state is _State.PROBE:
-            self._probe_round(rate, drops > 0, bdp)
+            self._probe_round(own_rate, drops > 0, bdp)
         else:
-            self._cruise_rate = rate
+            self._cruise_rate = own_rate
             self._cruise_limit = self._limit
             self._cruise_rounds += 1
             if queue_formed:
@@ -318,7 +333,7 @@ class Little(LimitAlgorithm):
                 # drain round tells which (and whether the last slot was idle).
                 self._enter_drain()
             elif self._cruise_rounds >= self._probe_interval and not drops:
-                self._enter_probe(rate, bdp)
+                self._enter_probe(own_rate, bdp)
             else:
                 self._limit = self._clamp(self._base(bdp))
 
@@ -328,6 +343,8 @@ class Little(LimitAlgorithm):
         if queue_formed or dropped:
             self._enter_drain()
             return
+        if not measuring and self._startup_best_rate == 0:
+            return  # nothing measured yet: keep the initial limit, stay in start-up
         if measuring and rate >= _STARTUP_GROWTH * self._startup_best_rate:
             self._startup_best_rate = rate
             self._startup_stalls = 0
