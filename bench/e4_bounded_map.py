@@ -16,6 +16,7 @@ the other. The physical limit is sum(durations) / concurrency.
 
     .venv/bin/python bench/e4_bounded_map.py            # 100,000 inputs (~4 min)
     .venv/bin/python bench/e4_bounded_map.py --quick    # 10,000 inputs (~25 s)
+    .venv/bin/python bench/e4_bounded_map.py --repeat 3 # median of 3, round-robin
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import gc
 import heapq
 import json
 import random
+import statistics
 import time
 import tracemalloc
 from collections.abc import Callable, Coroutine
@@ -140,20 +142,25 @@ VARIANTS: dict[str, Callable[[int, int], Coroutine[Any, Any, int]]] = {
 class Result:
     variant: str
     wall_s: float
+    """Median wall time over the repeats."""
+    best_wall_s: float
     over_ideal_pct: float
+    cpu_s: float
+    """Median process CPU time (the event loop's work, tracemalloc included)."""
     peak_mb: float
-    results: int
+    walls_s: list[float]
 
 
 def run_once(
     name: str, inputs: int, concurrency: int, loop: str, trace: bool
-) -> tuple[float, float]:
-    """One run of a variant: (wall seconds, tracemalloc peak MB or NaN)."""
+) -> tuple[float, float, float]:
+    """One run of a variant: (wall s, CPU s, tracemalloc peak MB or NaN)."""
     variant = VARIANTS[name]
     gc.collect()
     if trace:
         tracemalloc.start()
     started = time.perf_counter()
+    cpu_started = time.process_time()
     if loop == "uvloop":
         import uvloop
 
@@ -161,24 +168,54 @@ def run_once(
     else:
         results = asyncio.run(variant(inputs, concurrency))
     wall_s = time.perf_counter() - started
+    cpu_s = time.process_time() - cpu_started
     peak_mb = float("nan")
     if trace:
         peak_mb = tracemalloc.get_traced_memory()[1] / 1e6
         tracemalloc.stop()
     if results != inputs:
         raise AssertionError(f"{name}: {results} results for {inputs} inputs")
-    return wall_s, peak_mb
+    return wall_s, cpu_s, peak_mb
 
 
-def measure(
-    name: str, inputs: int, concurrency: int, ideal_s: float, loop: str, separate: bool
-) -> Result:
-    """Time and peak memory of a variant; with ``separate``, time is taken in a run
-    without tracemalloc (which slows every allocation) and memory in a second run."""
-    wall_s, peak_mb = run_once(name, inputs, concurrency, loop, trace=not separate)
-    if separate:
-        _, peak_mb = run_once(name, inputs, concurrency, loop, trace=True)
-    return Result(name, wall_s, 100 * (wall_s / ideal_s - 1), peak_mb, inputs)
+def measure_all(
+    names: list[str],
+    inputs: int,
+    concurrency: int,
+    ideal_s: float,
+    loop: str,
+    separate: bool,
+    repeat: int,
+) -> list[Result]:
+    """Run every variant ``repeat`` times, round-robin with a rotating start, so a
+    burst of load from elsewhere does not fall on one variant only. With
+    ``separate``, runs are timed without tracemalloc (which slows every
+    allocation) and memory is measured in one more traced run per variant."""
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    for round_index in range(repeat):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            runs[name].append(run_once(name, inputs, concurrency, loop, trace=not separate))
+            click.echo(f"  {name}: {runs[name][-1][0]:.2f} s", err=True)
+    results = []
+    for name in names:
+        walls = [wall for wall, _, _ in runs[name]]
+        peak_mb = max(peak for _, _, peak in runs[name])
+        if separate:
+            peak_mb = run_once(name, inputs, concurrency, loop, trace=True)[2]
+        wall_s = statistics.median(walls)
+        results.append(
+            Result(
+                variant=name,
+                wall_s=wall_s,
+                best_wall_s=min(walls),
+                over_ideal_pct=100 * (wall_s / ideal_s - 1),
+                cpu_s=statistics.median(cpu for _, cpu, _ in runs[name]),
+                peak_mb=peak_mb,
+                walls_s=walls,
+            )
+        )
+    return results
 
 
 def greedy_makespan(durations: list[float], slots: int) -> float:
@@ -202,6 +239,13 @@ def greedy_makespan(durations: list[float], slots: int) -> float:
 )
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Runs per variant, round-robin; the table shows the median.",
+)
+@click.option(
     "--loop", type=click.Choice(["asyncio", "uvloop"]), default="asyncio", show_default=True
 )
 @click.option(
@@ -218,6 +262,7 @@ def main(
     quick: bool,
     variants: tuple[str, ...],
     seed: int,
+    repeat: int,
     loop: str,
     separate_memory_run: bool,
     json_path: str | None,
@@ -234,17 +279,15 @@ def main(
         f"zero-overhead greedy schedule {greedy_makespan(DURATIONS, concurrency):.2f} s; "
         f"{loop}; " + ("timed without tracemalloc" if separate_memory_run else "tracemalloc on")
     )
-    rows = [
-        measure(name, inputs, concurrency, ideal_s, loop, separate_memory_run)
-        for name in variants or VARIANTS
-    ]
+    names = list(variants or VARIANTS)
+    rows = measure_all(names, inputs, concurrency, ideal_s, loop, separate_memory_run, repeat)
     click.echo("")
-    click.echo("| variant | wall s | over limit | tracemalloc peak MB |")
-    click.echo("| --- | ---: | ---: | ---: |")
+    click.echo("| variant | wall s (median) | best | over limit | CPU s | tracemalloc peak MB |")
+    click.echo("| --- | ---: | ---: | ---: | ---: | ---: |")
     for row in rows:
         click.echo(
-            f"| {row.variant} | {row.wall_s:.2f} | {row.over_ideal_pct:+.1f} % "
-            f"| {row.peak_mb:.2f} |"
+            f"| {row.variant} | {row.wall_s:.2f} | {row.best_wall_s:.2f} "
+            f"| {row.over_ideal_pct:+.1f} % | {row.cpu_s:.1f} | {row.peak_mb:.2f} |"
         )
     if json_path:
         payload = {
@@ -253,6 +296,7 @@ def main(
             "ideal_s": ideal_s,
             "loop": loop,
             "separate_memory_run": separate_memory_run,
+            "repeat": repeat,
             "results": [asdict(row) for row in rows],
         }
         with open(json_path, "w", encoding="utf-8") as handle:
