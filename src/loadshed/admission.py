@@ -521,7 +521,7 @@ class Admission:
         self._inflight -= 1
         self._inflight_by_priority[token.priority] -= 1
         service_s = now - token.admitted_at
-        self._counts[outcome.value] += 1
+        self._counts[outcome._value_] += 1
         if outcome is Outcome.SUCCESS:
             self.service.add(service_s)
         if outcome is not Outcome.IGNORED:
@@ -536,7 +536,10 @@ class Admission:
             )
         for listener in self._listeners:
             listener.on_release(outcome, service_s)
-        self._dispatch(now)
+        if self._queued:
+            self._dispatch(now)
+        elif self.discipline == "codel":
+            self._codel_min_wait = 0.0
 
     def _next_ticket(self) -> Ticket | None:
         """Pop the next live ticket to serve, most critical class first."""

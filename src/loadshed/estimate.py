@@ -81,7 +81,7 @@ class ServiceTimeEstimator:
 
     def add(self, service_seconds: float) -> None:
         """Record one request's service time in seconds."""
-        if self._mean is None or not len(self._recent):
+        if self._mean is None or not self._latest:
             self._mean = service_seconds
         else:
             self._mean += self._alpha * (service_seconds - self._mean)
@@ -123,11 +123,14 @@ class PatienceEstimator:
         self._recent = _RecentValues(window)
         self._quantile = quantile
         self._min_samples = min_samples
+        self._patience: float | None = None  # recomputed on each give-up: reads are hot
 
     def add(self, waited_seconds: float) -> None:
         """Record that a client gave up after ``waited_seconds``."""
         if waited_seconds > 0:
             self._recent.add(waited_seconds)
+            if len(self._recent) >= self._min_samples:
+                self._patience = self._recent.quantile(self._quantile)
 
     @property
     def samples(self) -> int:
@@ -137,6 +140,4 @@ class PatienceEstimator:
     @property
     def patience(self) -> float | None:
         """The learned patience in seconds, or None while too few give-ups were seen."""
-        if len(self._recent) < self._min_samples:
-            return None
-        return self._recent.quantile(self._quantile)
+        return self._patience
