@@ -196,3 +196,28 @@ def raw_request(url: str, data: bytes, timeout: float = 5.0) -> bytes:
         while chunk := sock.recv(65536):
             answer += chunk
     return answer
+
+
+def endless_stream_app(recorder: Recorder) -> Any:
+    """A server-sent-event stream that never ends; records when its caller hangs up."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await receive()
+        start = {"type": "http.response.start", "status": 200}
+        await send({**start, "headers": [(b"content-type", b"text/event-stream")]})
+
+        async def wait_disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        watcher = asyncio.ensure_future(wait_disconnect())
+        index = 0
+        while not watcher.done():
+            await send(
+                {"type": "http.response.body", "body": b"data: %d\n\n" % index, "more_body": True}
+            )
+            index += 1
+            await asyncio.sleep(0.02)
+        recorder.disconnected.set()
+
+    return app

@@ -17,6 +17,7 @@ from loadshed.demo.origin import create_app as create_origin
 from proxy_servers import (
     Recorder,
     echo_app,
+    endless_stream_app,
     gated_stream_app,
     raw_request,
     run_proxy,
@@ -366,3 +367,19 @@ async def test_queued_request_whose_client_leaves_never_reaches_the_upstream() -
         counts = limiter.snapshot().counts
     assert counts.get("rejected:client_gone") == 1, counts
     assert len(recorder.requests) == 1  # only the first reached the upstream
+
+
+async def test_endless_stream_stops_when_its_client_leaves() -> None:
+    recorder = Recorder()
+    with serve_asgi(endless_stream_app(recorder)) as upstream, run_proxy(upstream) as (url, proxy):
+        limiter = proxy.pool.upstreams[0].limiter
+        async with aiohttp.ClientSession() as session:
+            response = await session.get(url + "/v1/completions")
+            for _ in range(3):
+                assert (await response.content.readuntil(b"\n\n")).startswith(b"data: ")
+            response.close()  # the client goes away mid-stream
+        assert await asyncio.to_thread(recorder.disconnected.wait, 3)
+        deadline = time.monotonic() + 3
+        while limiter.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert limiter.inflight == 0
