@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "proxy": "loadshed.proxy.cli:proxy",
     "simulate": "loadshed.sim.cli:simulate",
     "demo": "loadshed.sim.cli:demo",
+    "serve-demo": "loadshed.demo.serve:serve_demo",
     "plan": "loadshed.sim.plan:plan",
     "bench": "loadshed.loadgen.cli:bench",
     "report": "loadshed.loadgen.cli:report",

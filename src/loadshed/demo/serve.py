@@ -1,0 +1,335 @@
+"""``loadshed serve-demo``: run one demo service under uvicorn, bare or behind loadshed.
+
+    loadshed serve-demo --model hashburn --protect little --port 8000
+    loadshed serve-demo --model origin --workers 7 --service-time 1 --protect aimd
+    loadshed serve-demo --model hashburn --protect none --port 0   # prints the bound port
+
+``--protect`` chooses what stands in front of the service (``W`` is the service's worker
+count, ``--workers``: 1 for hashburn and digits unless given, 7 for origin):
+
+- ``none``: nothing; the bare app (no ``/metrics``).
+- ``queue``: E1's first published scheme, a semaphore-bounded queue: ``fixed:W`` in flight plus
+  at most ``W`` waiting (``max_queue=W``), waiting as long as it takes (no queue timeout, no
+  learned patience); any request beyond that gets 503 at once. For E1 (W = 1) that is the
+  published "limit 2": one running, one waiting.
+- ``deadline``: E1's second scheme, a response-time limiter: ``fixed:W`` in flight, a queue
+  without a count bound, and every request given a deadline of ``--deadline-target`` seconds
+  (default 1.8, for 2 s clients) through ``LoadShedMiddleware(default_timeout=...)``. A request
+  is admitted to the queue only while its estimated response time (queued ahead / W x the
+  moving-average service time, plus the high service-time estimate) stays under the target,
+  and is evicted from the queue as soon as it can no longer make it; a client's own
+  ``X-Request-Timeout`` overrides the target. The in-flight cap stays at ``W`` because a
+  larger one would hand every request straight to the app, where nothing can shed it.
+- a limit name (``little`` (default), ``aimd``, ``vegas``, ``gradient2``, ``gradient``,
+  ``fixed:N``): ``LoadShedMiddleware(limit=name)`` with its defaults.
+
+Protected services export Prometheus metrics at ``/metrics``; ``/health`` and ``/metrics`` are
+never limited.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from typing import Any
+
+import click
+
+from loadshed.demo import DEMO_MODELS
+from loadshed.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_DEADLINE_TARGET",
+    "PROTECT_SCHEMES",
+    "build_app",
+    "hashburn_pool_app",
+    "protect_app",
+    "serve_demo",
+    "validate_protect",
+]
+
+PROTECT_SCHEMES: tuple[str, ...] = ("none", "queue", "deadline")
+"""``--protect`` values that are not limit names."""
+LIMIT_NAMES = "little|aimd|vegas|gradient2|gradient|fixed:N"
+PROTECT_ALLOWED = f"none|queue|deadline|{LIMIT_NAMES}"
+DEFAULT_DEADLINE_TARGET = 1.8
+"""E1's response-time target, seconds (its clients gave up after 2 s)."""
+# E1's schemes wait as long as it takes once queued (a semaphore has no timeout).
+_NO_QUEUE_TIMEOUT = 3600.0
+_UNBOUNDED_QUEUE = 100_000
+
+
+def validate_protect(protect: str) -> str:
+    """Return ``protect`` normalised, or raise :class:`ConfigError` (field ``--protect``)."""
+    text = protect.strip().lower()
+    if text in PROTECT_SCHEMES:
+        return text
+    from loadshed.limits import make_limit
+
+    try:
+        make_limit(text)
+    except ConfigError:
+        raise ConfigError("--protect", f"got {protect!r}, allowed: {PROTECT_ALLOWED}") from None
+    return text
+
+
+def protect_app(
+    app: Any, protect: str, workers: int, deadline_target: float = DEFAULT_DEADLINE_TARGET
+) -> Any:
+    """Wrap the ASGI ``app`` as ``--protect`` says (see the module docstring)."""
+    from loadshed.asgi import LoadShedMiddleware
+
+    protect = validate_protect(protect)
+    if protect == "none":
+        return app
+    if protect == "queue":
+        return LoadShedMiddleware(
+            app,
+            limit=f"fixed:{workers}",
+            limiter_options={
+                "max_queue": workers,
+                "max_queue_wait": _NO_QUEUE_TIMEOUT,
+                "learn_patience": False,
+            },
+            metrics_path="/metrics",
+        )
+    if protect == "deadline":
+        return LoadShedMiddleware(
+            app,
+            limit=f"fixed:{workers}",
+            default_timeout=deadline_target,
+            limiter_options={
+                "max_queue": _UNBOUNDED_QUEUE,
+                "max_queue_wait": _NO_QUEUE_TIMEOUT,
+                "learn_patience": False,
+            },
+            metrics_path="/metrics",
+        )
+    return LoadShedMiddleware(app, limit=protect, metrics_path="/metrics")
+
+
+def build_app(
+    model: str,
+    protect: str = "little",
+    *,
+    service_time: float | None = None,
+    workers: int | None = None,
+    deadline_target: float = DEFAULT_DEADLINE_TARGET,
+) -> Any:
+    """Build demo service ``model`` with its settings, wrapped as ``protect`` says.
+
+    ``service_time`` applies to hashburn and origin, ``workers`` to digits and origin
+    (hashburn is one worker per process). Raises :class:`ConfigError` naming the flag.
+    """
+    from loadshed.demo import create_demo_app
+
+    if model not in DEMO_MODELS:
+        raise ConfigError("--model", f"got {model!r}, allowed: {'|'.join(DEMO_MODELS)}")
+    protect = validate_protect(protect)
+    if not deadline_target > 0:
+        raise ConfigError("--deadline-target", f"must be > 0 seconds, got {deadline_target}")
+    settings: dict[str, Any] = {}
+    if service_time is not None:
+        if model == "digits":
+            raise ConfigError("--service-time", "applies to hashburn and origin only")
+        settings["service_time"] = service_time
+    if workers is not None:
+        if model != "hashburn":
+            settings["workers"] = workers
+    try:
+        if model == "hashburn":
+            app = hashburn_pool_app(settings.get("service_time", 0.5), workers or 1)
+        else:
+            app = create_demo_app(model, **settings)
+    except ConfigError as error:
+        # The service names its setting (service_time); the user typed the flag.
+        flag = "--" + error.field.replace("_", "-")
+        raise ConfigError(flag, str(error).split(": ", 1)[1]) from None
+    return protect_app(app, protect, int(app.state.workers), deadline_target)
+
+
+def hashburn_pool_app(service_time: float = 0.5, workers: int = 1) -> Any:
+    """hashburn served as E1's app was: the burn runs in ``workers`` worker processes.
+
+    The same endpoints and answers as :func:`loadshed.demo.hashburn.create_app`
+    (``GET /calculate?input=...`` -> ``{"result", "rounds", "service_seconds"}``, ``/health``),
+    but :func:`~loadshed.demo.hashburn.burn` runs in a :class:`~loadshed.runner.ModelRunner`
+    instead of on the event loop. On the loop, a burning request blocks everything else, so an
+    in-process middleware only ever sees one request at a time (every other one waits in the
+    kernel's accept queue, out of its sight) and cannot shed anything. With the work in a
+    worker process, as with E1's process pool, the loop stays free to admit, queue and reject.
+    Without protection the paradox is intact: requests wait in the runner's FIFO, and those
+    whose client gave up are still computed. Capacity is ``workers / service_time``.
+    """
+    import contextlib
+    import time
+    from collections.abc import AsyncIterator
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from loadshed.demo import invalid_request, positive_int, positive_number
+    from loadshed.demo.hashburn import burn
+    from loadshed.runner import ModelRunner, RunnerError
+
+    service_time = positive_number(service_time, "service_time", maximum=3600.0)
+    workers = positive_int(workers, "workers")
+    max_input_bytes = 4096
+    runner: ModelRunner[tuple[str, int]] = ModelRunner(burn, workers=workers, mp_context="fork")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with runner:
+            yield
+
+    async def calculate(request: Request) -> JSONResponse:
+        text = request.query_params.get("input")
+        if text is None:
+            return invalid_request("input", "query parameter is required (?input=...)")
+        data = text.encode()
+        if len(data) > max_input_bytes:
+            return invalid_request(
+                "input", f"is {len(data)} bytes, at most {max_input_bytes} allowed"
+            )
+        started = time.perf_counter()
+        try:
+            digest, rounds = await runner.run(data, service_time)
+        except RunnerError as error:
+            return JSONResponse({"error": "runner", "reason": str(error)}, status_code=500)
+        return JSONResponse(
+            {
+                "result": digest,
+                "rounds": rounds,
+                "service_seconds": round(time.perf_counter() - started, 6),
+            }
+        )
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": "hashburn",
+                "service_time": service_time,
+                "workers": workers,
+            }
+        )
+
+    app = Starlette(
+        routes=[
+            Route("/calculate", calculate, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.model = "hashburn"
+    app.state.service_time = service_time
+    app.state.workers = workers
+    return app
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise click.BadParameter(f"cannot bind {host}:{port}: {error.strerror}") from None
+    # Listen now, so a client that connects as soon as the URL is printed waits in the
+    # backlog instead of being refused while uvicorn starts.
+    sock.listen(2048)
+    return sock
+
+
+@click.command("serve-demo")
+@click.option(
+    "--model",
+    type=click.Choice(DEMO_MODELS),
+    default="hashburn",
+    show_default=True,
+    help="Demo service to run.",
+)
+@click.option(
+    "--protect",
+    default="little",
+    show_default=True,
+    help=f"What stands in front of it: {PROTECT_ALLOWED}.",
+)
+@click.option(
+    "--service-time",
+    type=float,
+    default=None,
+    help="Seconds of work per request (hashburn, origin; default: the service's own).",
+)
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="Worker processes (hashburn, digits) or slots (origin); default: the service's own.",
+)
+@click.option(
+    "--deadline-target",
+    type=float,
+    default=DEFAULT_DEADLINE_TARGET,
+    show_default=True,
+    help="Response-time target of --protect deadline, seconds.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port to bind; 0 picks a free one (the URL printed says which).",
+)
+def serve_demo(
+    model: str,
+    protect: str,
+    service_time: float | None,
+    workers: int | None,
+    deadline_target: float,
+    host: str,
+    port: int,
+) -> None:
+    """Run a demo service (hashburn, digits, origin) under uvicorn, bare or protected.
+
+    --protect queue is E1's bounded queue (fixed:W plus W waiting), deadline its response-time
+    limiter (admit while the estimated response time is under --deadline-target), any other
+    value a loadshed limit. Metrics at /metrics when protected.
+    """
+    try:
+        app = build_app(
+            model,
+            protect,
+            service_time=service_time,
+            workers=workers,
+            deadline_target=deadline_target,
+        )
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from None
+    import uvicorn
+
+    sock = _bind(host, port)
+    bound_host, bound_port = sock.getsockname()[:2]
+    shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+    paths = {"hashburn": "/calculate?input=hello", "digits": "/predict", "origin": "/work"}
+    extra = ", /metrics" if protect.strip().lower() != "none" else ""
+    click.echo(
+        f"serving {model} (protect: {protect.strip().lower()}) at "
+        f"http://{shown_host}:{bound_port}  ({paths[model]}, /health{extra})"
+    )
+    sys.stdout.flush()
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
