@@ -383,3 +383,15 @@ async def test_endless_stream_stops_when_its_client_leaves() -> None:
         while limiter.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert limiter.inflight == 0
+
+
+@pytest.mark.parametrize("limit", [{"upstream_timeout": 0.4}, {"read_timeout": 0.4}])
+async def test_upstream_timeout_without_a_deadline_gives_504(limit: dict[str, float]) -> None:
+    recorder = Recorder()
+    with serve_asgi(slow_app(5.0, recorder)) as upstream, run_proxy(upstream, **limit) as (url, _):
+        async with aiohttp.ClientSession() as session:
+            started = time.monotonic()
+            async with session.get(url + "/slow") as response:
+                assert response.status == 504
+                assert (await response.json())["fault"] == "timeout"
+            assert 0.3 <= time.monotonic() - started < 2.0

@@ -63,6 +63,7 @@ Send = Callable[[Message], Awaitable[None]]
 logger = logging.getLogger("loadshed.proxy")
 
 _UPSTREAM_KEY = "loadshed.upstream"
+_URL_CACHE_SIZE = 1024
 _DROP_STATUSES = frozenset({429, 503})  # the upstream shed load: a capacity signal
 _JSON = (b"content-type", b"application/json")
 # aiohttp would add these when absent; a proxy must not invent them.
@@ -271,6 +272,7 @@ class ProxyApp:
             sock_read=config.read_timeout,
         )  # fmt: skip
         self._connections_per_upstream = make_limit(config.limit).max_limit
+        self._urls: dict[tuple[str, bytes, bytes], URL] = {}
 
     # ----------------------------------------------------------- lifecycle
 
@@ -309,10 +311,10 @@ class ProxyApp:
             return
         if scope["type"] != "http":  # websockets are not proxied
             return
-        if not is_origin_form(scope):
+        upstream: Upstream | None = scope.get(_UPSTREAM_KEY)  # set only for origin-form
+        if upstream is None and not is_origin_form(scope):
             await _send_error(send, 400, error_body("bad_request", _NOT_ORIGIN_FORM))
             return
-        upstream: Upstream | None = scope.get(_UPSTREAM_KEY)
         if upstream is None:
             await _send_error(
                 send,
@@ -334,6 +336,18 @@ class ProxyApp:
                 await self.aclose()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def _url(self, upstream: Upstream, raw_path: bytes, query: bytes) -> URL:
+        """The upstream URL for this target (parsed URLs cached: most APIs have few)."""
+        key = (upstream.name, raw_path, query)
+        url = self._urls.get(key)
+        if url is None:
+            target = upstream.url.prefix.encode() + raw_path + (b"?" + query if query else b"")
+            url = URL(upstream.url.origin + target.decode("latin-1"), encoded=True)
+            if len(self._urls) >= _URL_CACHE_SIZE:
+                self._urls.clear()
+            self._urls[key] = url
+        return url
 
     def _remaining(self, scope: Scope, token: Token | None, clock: Clock) -> float | None:
         """Seconds left before the request's deadline, or None without one."""
@@ -364,9 +378,7 @@ class ProxyApp:
             detail = "deadline already passed"
             await _send_error(send, 504, fault_body(UpstreamFault.TIMEOUT, detail))
             return
-        query = scope.get("query_string", b"")
-        target = upstream.url.prefix.encode() + scope["raw_path"] + (b"?" + query if query else b"")
-        url = URL(upstream.url.origin + target.decode("latin-1"), encoded=True)
+        url = self._url(upstream, scope["raw_path"], scope.get("query_string", b""))
         headers = request_headers(scope, upstream.url.host_header, remaining)
         task = asyncio.current_task()
         assert task is not None
@@ -389,7 +401,11 @@ class ProxyApp:
             wait_limit = hard_limit
         else:
             wait_limit = soft_limit if soft_limit is not None else hard_limit
-        hard_timer = loop.call_later(wait_limit, exchange.interrupt, "deadline")
+        # aiohttp's read timeout (armed when the request is sent) bounds the wait for
+        # headers too: when it is the shorter one, spare a timer per request.
+        hard_timer: asyncio.TimerHandle | None = None
+        if wait_limit < self.config.read_timeout:
+            hard_timer = loop.call_later(wait_limit, exchange.interrupt, "deadline")
         response: aiohttp.ClientResponse | None = None
         try:
             try:
@@ -413,7 +429,8 @@ class ProxyApp:
                 return
             # The deadline bounds the wait for headers, not a stream's length.
             exchange.headers_received = True
-            hard_timer.cancel()
+            if hard_timer is not None:
+                hard_timer.cancel()
             if soft_timer is not None:
                 soft_timer.cancel()
             self.pool.answered(upstream)
@@ -444,7 +461,8 @@ class ProxyApp:
             elif token is not None:
                 token.ignored()  # the client left: says nothing about the upstream
         finally:
-            hard_timer.cancel()
+            if hard_timer is not None:
+                hard_timer.cancel()
             if soft_timer is not None:
                 soft_timer.cancel()
             watch.stop()
