@@ -16,7 +16,7 @@ __all__ = ["main"]
 COMMANDS: dict[str, str] = {
     "proxy": "loadshed.proxy.cli:proxy",
     "simulate": "loadshed.sim.cli:simulate",
-    "demo": "loadshed.sim.cli:demo",
+    "demo": "loadshed.demo.live:demo",
     "serve-demo": "loadshed.demo.serve:serve_demo",
     "plan": "loadshed.sim.plan:plan",
     "bench": "loadshed.loadgen.cli:bench",

@@ -133,9 +133,8 @@ def build_app(
         if model == "digits":
             raise ConfigError("--service-time", "applies to hashburn and origin only")
         settings["service_time"] = service_time
-    if workers is not None:
-        if model != "hashburn":
-            settings["workers"] = workers
+    if workers is not None and model != "hashburn":
+        settings["workers"] = workers
     try:
         if model == "hashburn":
             app = hashburn_pool_app(settings.get("service_time", 0.5), workers or 1)
@@ -213,6 +212,8 @@ def hashburn_pool_app(service_time: float = 0.5, workers: int = 1) -> Any:
                 "model": "hashburn",
                 "service_time": service_time,
                 "workers": workers,
+                "busy": runner.busy,
+                "waiting": runner.waiting,
             }
         )
 
