@@ -105,6 +105,9 @@ def main() -> None:
             "loadshed bench -c 8 (1 process)":
                 [*LOADSHED, "bench", url, "-c", str(CONNECTIONS), "-d", f"{total}s", "-w", "0s",
                  "-q"],
+            "loadshed bench -c 8 --client aiohttp (1 process)":
+                [*LOADSHED, "bench", url, "-c", str(CONNECTIONS), "-d", f"{total}s", "-w", "0s",
+                 "-q", "--client", "aiohttp"],
             "loadshed bench -c 8 -p 2 (2 processes)":
                 [*LOADSHED, "bench", url, "-c", str(CONNECTIONS), "-p", "2", "-d", f"{total}s",
                  "-w", "0s", "-q"],

@@ -73,20 +73,29 @@ class Clause:
     def fails_despite_lag(self, result: RunResult, lag_s: float) -> bool:
         """Whether this clause fails on ``result`` even if the generator's lag is discounted.
 
-        For a run the generator could not drive: open-loop latencies count from the intended
-        send time, so lag adds at most ``lag_s`` to any latency; errors, timeouts and
-        rejections happened to requests actually sent. Upper bounds on those can therefore
-        fail conclusively; bounds on rates (goodput, throughput) cannot, as the generator may
-        simply not have sent enough.
+        For a run the generator could not drive. Only what the target did counts: latencies
+        of responses actually received (2xx, or 429/503 for ``rejected.``), less the longest
+        lag, since a stalled generator delays by about that much; and failures with a
+        status or a broken connection. Timeouts do not count: a generator that stalls past
+        a client timeout fires the timer before it reads a response already waiting. Bounds
+        on rates (goodput, throughput) can never fail conclusively: the generator may simply
+        not have sent enough.
         """
-        if self.op not in ("<", "<="):
+        if self.op not in ("<", "<=") or self.metric in _RPS_METRICS:
             return False
-        if self.metric in _RPS_METRICS:
-            return False
-        observed = self.observe(result)
-        if self.metric not in _RATE_METRICS:
-            observed = max(0.0, observed - lag_s)
-        return not self.holds(observed)
+        if self.metric in _RATE_METRICS:
+            if self.metric == "timeouts" or not result.requests:
+                return False
+            if self.metric == "rejections":
+                observed = result.rejections / result.requests
+            else:
+                non_timeouts = result.requests - result.successes - result.errors.get("timeout", 0)
+                observed = non_timeouts / result.requests
+            return not self.holds(observed)
+        scope, stat = self.metric.split(".")
+        received = "success" if scope == "all" else scope
+        observed = float(result.latency(received)[stat])
+        return not self.holds(max(0.0, observed - lag_s))
 
     def format_value(self, value: float) -> str:
         """``value`` in the clause's own units (ms, %, req/s)."""
