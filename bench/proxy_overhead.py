@@ -5,8 +5,9 @@
 Two measurements, each side by side in the same run:
 
 1. Added latency: ``loadshed bench`` open loop at ``--rate`` req/s against the upstream,
-   then through the proxy (default limit ``little``), twice each, interleaved; p50/p99 of
-   each run and the difference of the medians.
+   then through a proxy per ``--limits`` value (default: ``little``, the default limit,
+   and ``fixed:1024``, forwarding without any queueing), ``--rounds`` times each,
+   interleaved; p50/p99 of each run and the difference of the medians.
 2. Throughput on one core: the proxy pinned to CPU ``--proxy-cpu`` (taskset), ``wrk``
    with ``--connections`` connections (pinned to the other CPUs with the upstream).
    The proxy uses ``--throughput-limit`` (default ``fixed:1024``) so that every request is
@@ -18,6 +19,7 @@ Two measurements, each side by side in the same run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import re
 import shutil
@@ -39,7 +41,8 @@ def loadshed_bench(
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [
             PYTHON, "-m", "loadshed.cli", "bench", url, "--rate", str(rate),
-            "--duration", f"{duration}s", "--warmup", "1s", "--quiet", "--json", out.name, "--max-lag", max_lag,
+            "--duration", f"{duration}s", "--warmup", "1s", "--quiet", "--json", out.name,
+            "--max-lag", max_lag,
         ]  # fmt: skip
         subprocess.run(pinned(command, cpus), check=True, stdout=subprocess.DEVNULL)
         result: dict[str, Any] = json.loads(Path(out.name).read_text())
@@ -78,25 +81,35 @@ def main() -> None:
     parser.add_argument(
         "--max-lag", default="250ms", help="loadshed bench --max-lag (a busy machine lags)"
     )
-    parser.add_argument("--limit", default="little", help="proxy limit for the latency runs")
+    parser.add_argument(
+        "--limits",
+        default="little,fixed:1024",
+        help="proxy limits for the latency runs, one proxy each (fixed:1024: forwarding alone)",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved latency rounds")
     parser.add_argument("--throughput-limit", default="fixed:1024")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is needed for the throughput part: apt-get install -y wrk")
 
-    upstream_port, proxy_port, max_port = free_port(), free_port(), free_port()
+    upstream_port, max_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{upstream_port}"
     report: dict[str, Any] = {"args": vars(args) | {"json": str(args.json)}}
     with started([PYTHON, "-c", HELLO_APP, str(upstream_port)], upstream_port, args.other_cpus):
-        # 1. latency, interleaved
-        with started(proxy_command(upstream, proxy_port, args.limit), proxy_port, args.proxy_cpu):
-            runs: dict[str, list[dict[str, Any]]] = {"direct": [], "proxy": []}
-            for _ in range(2):
-                for name, url in (
-                    ("direct", upstream),
-                    ("proxy", f"http://127.0.0.1:{proxy_port}"),
-                ):
+        # 1. latency, interleaved: direct, then through a proxy per --limits value
+        limits = [limit.strip() for limit in args.limits.split(",") if limit.strip()]
+        ports = [free_port() for _ in limits]
+        runs: dict[str, list[dict[str, Any]]] = {"direct": []}
+        targets = [("direct", upstream)]
+        with contextlib.ExitStack() as stack:
+            for limit, port in zip(limits, ports, strict=True):
+                command = proxy_command(upstream, port, limit)
+                stack.enter_context(started(command, port, args.proxy_cpu))
+                runs[f"proxy {limit}"] = []
+                targets.append((f"proxy {limit}", f"http://127.0.0.1:{port}"))
+            for _ in range(args.rounds):
+                for name, url in targets:
                     result = loadshed_bench(
                         url + "/", args.rate, args.duration, args.bench_cpus, args.max_lag
                     )
@@ -134,22 +147,23 @@ def main() -> None:
     print(f"\nproxy overhead (rate {args.rate:g} req/s, {args.duration:g}s per run)\n")
     print("| path | run | p50 ms | p99 ms | 2xx / sent |")
     print("| --- | --- | ---: | ---: | ---: |")
-    for name in ("direct", "proxy"):
-        for index, run in enumerate(runs[name], 1):
+    direct_p50 = statistics.median(r["p50_ms"] for r in runs["direct"])
+    direct_p99 = statistics.median(r["p99_ms"] for r in runs["direct"])
+    for name, name_runs in runs.items():
+        for index, run in enumerate(name_runs, 1):
             print(
                 f"| {name} | {index} | {run['p50_ms']:.2f} | {run['p99_ms']:.2f} "
                 f"| {run['successes']} / {run['requests']} |"
             )
-    added_p50 = statistics.median(r["p50_ms"] for r in runs["proxy"]) - statistics.median(
-        r["p50_ms"] for r in runs["direct"]
-    )
-    added_p99 = statistics.median(r["p99_ms"] for r in runs["proxy"]) - statistics.median(
-        r["p99_ms"] for r in runs["direct"]
-    )
-    report["added_p50_ms"], report["added_p99_ms"] = added_p50, added_p99
-    print(
-        f"\nadded by the proxy (median of runs): p50 {added_p50:+.2f} ms, p99 {added_p99:+.2f} ms"
-    )
+    print()
+    report["added_ms"] = {}
+    for name, name_runs in runs.items():
+        if name == "direct":
+            continue
+        added_p50 = statistics.median(r["p50_ms"] for r in name_runs) - direct_p50
+        added_p99 = statistics.median(r["p99_ms"] for r in name_runs) - direct_p99
+        report["added_ms"][name] = {"p50": added_p50, "p99": added_p99}
+        print(f"added by {name} (medians): p50 {added_p50:+.2f} ms, p99 {added_p99:+.2f} ms")
     t = report["throughput"]
     print(f"\nthroughput, wrk -c{args.connections}, proxy pinned to CPU {args.proxy_cpu}:\n")
     print("| path | req/s reached | proxy CPU share | requests per proxy CPU-second |")
