@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -91,3 +92,19 @@ def test_cli_proxies_and_serves_metrics_per_upstream() -> None:
             process.terminate()
             process.wait(timeout=10)
     assert time.monotonic() > 0
+
+
+def test_taken_port_is_one_line_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "loadshed.cli", "proxy", "--upstream", "http://127.0.0.1:9",
+             "--listen", f"127.0.0.1:{port}"],
+            capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"Error: --listen: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 from collections.abc import Coroutine
 from typing import Any
@@ -102,7 +103,21 @@ async def _serve_metrics(proxy: ProxyApp, host: str, port: int) -> tuple[web.App
     return runner, int(bound)
 
 
-async def _run(config: ProxyConfig) -> None:
+def _listen_socket(host: str, port: int) -> socket.socket:
+    """Bind the proxy's socket here, so a taken port is one clear error, not uvicorn's exit."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+async def _run(config: ProxyConfig, sock: socket.socket) -> None:
     app, proxy = create_proxy(config)
     server = uvicorn.Server(server_config(app, config))
     metrics_runner: web.AppRunner | None = None
@@ -111,17 +126,16 @@ async def _run(config: ProxyConfig) -> None:
             metrics_runner, metrics_port = await _serve_metrics(
                 proxy, config.metrics_host, config.metrics_port
             )
-        serving = asyncio.ensure_future(server.serve())
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serving.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.02)
         if serving.done():
             await serving
             raise click.ClickException(f"--listen: could not serve on {config.host}:{config.port}")
-        port = server.servers[0].sockets[0].getsockname()[1]
+        port = sock.getsockname()[1]
         upstreams = ", ".join(str(u) for u in config.upstreams)
-        line = (
-            f"loadshed proxy on http://{config.host}:{port} -> {upstreams} (limit {config.limit})"
-        )
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        line = f"loadshed proxy on http://{host}:{port} -> {upstreams} (limit {config.limit})"
         if metrics_runner is not None:
             line += f"; metrics on http://{config.metrics_host}:{metrics_port}/metrics"
         click.echo(line, err=True)
@@ -267,14 +281,22 @@ def proxy(**values: Any) -> None:  # fmt: skip
     queued briefly or refused at once with 503 + Retry-After.
     """
     values["reject_status"] = int(values["reject_status"])
+    listen = values["listen"]
     config = _to_config(**values)
     try:
-        _run_loop(_run(config))
+        sock = _listen_socket(config.host, config.port)
+    except OSError as exc:
+        click.echo(f"Error: --listen: cannot listen on {listen}: {exc.strerror}", err=True)
+        sys.exit(1)
+    try:
+        _run_loop(_run(config, sock))
     except KeyboardInterrupt:
         pass
-    except OSError as exc:  # e.g. the port is taken
-        click.echo(f"Error: --listen/--metrics-port: {exc.strerror or exc}", err=True)
+    except OSError as exc:  # the metrics port is taken
+        click.echo(f"Error: --metrics-port: {exc.strerror or exc}", err=True)
         sys.exit(1)
+    finally:
+        sock.close()
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:
