@@ -98,3 +98,29 @@ def test_capacity_exits_1_when_even_the_start_rate_fails() -> None:
         )  # fmt: skip
     assert code == 1
     assert "no rate met" in stdout
+
+
+def test_sweep_step_the_generator_cannot_drive_ends_it_with_exit_3(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    with serve_target() as target:
+        code, _, err = _invoke(
+            "sweep", f"{target.url}/ok", "--rates", "50,100", "-d", "0.4s", "-w", "0s",
+            "-o", str(out), "--max-lag", "1us",
+        )  # fmt: skip
+    assert code == 3
+    assert "generator saturated" in err
+    rows = (out / "sweep.tsv").read_text().splitlines()
+    assert len(rows) == 2  # header and the one refused step: the sweep stopped there
+    assert "generator saturated" in rows[1]
+    assert not list(out.glob("step-*.json"))  # no result reported for it
+
+
+def test_capacity_is_inconclusive_when_the_generator_cannot_drive_a_step() -> None:
+    with serve_target() as target:
+        code, stdout, _ = _invoke(
+            "capacity", f"{target.url}/ok", "--slo", "p99<1s", "--start-rate", "20",
+            "-d", "0.3s", "-w", "0s", "--max-lag", "1us",
+        )  # fmt: skip
+    # Not even the first step could be driven: no rate is claimed, and no failure either.
+    assert code == 3
+    assert "capacity: unknown, the generator could not drive 20 req/s" in stdout

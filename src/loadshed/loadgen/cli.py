@@ -635,6 +635,10 @@ def capacity(
         if step is not None and step.result is not None:
             out.print(f"[bold]{label}: {step.rate:g} req/s[/bold]")
             out.print(verdict_text(step.verdicts))
+    if search.capacity_rps is None and search.inconclusive:
+        out.print(f"capacity: unknown, the generator could not drive {start_rate:g} req/s "
+                  f"({search.inconclusive})", style="bold yellow")  # fmt: skip
+        sys.exit(EXIT_GENERATOR)
     if search.capacity_rps is None:
         out.print(f"capacity: no rate met {objectives.text!r} (even {start_rate:g} req/s failed)",
                   style="bold red")  # fmt: skip
