@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from loadshed.bounded import bounded_map
 from loadshed.clock import VirtualClock
 from loadshed.errors import ConfigError
+from loadshed.limits import Vegas
 from loadshed.limits.base import LimitAlgorithm, Sample
 
 
@@ -389,11 +390,20 @@ async def test_adaptive_concurrency_samples_each_call_and_follows_the_limit() ->
     assert results.limit == 3
 
 
+async def test_concurrency_by_limit_name() -> None:
+    results = bounded_map(zero_work, range(50), "vegas")
+    assert results.limit == Vegas().limit  # the initial limit of a new Vegas
+    assert sorted([r async for r in results]) == list(range(50))
+    with pytest.raises(ConfigError, match=r"^concurrency: unknown limit 'fastest'"):
+        bounded_map(zero_work, range(3), "fastest")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
         ({"concurrency": 0}, "concurrency"),
         ({"concurrency": "many"}, "concurrency"),
+        ({"concurrency": 2.5}, "concurrency"),
         ({"concurrency": True}, "concurrency"),
         ({"max_held": 0}, "max_held"),
     ],

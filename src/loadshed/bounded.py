@@ -31,6 +31,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import ConfigError
+from loadshed.limits import make_limit
 from loadshed.limits.base import LimitAlgorithm, Sample
 
 __all__ = ["BoundedMap", "bounded_map"]
@@ -64,7 +65,7 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         fn: Callable[[Any], Awaitable[Any]],
         iterable: Iterable[Any] | AsyncIterable[Any],
         *,
-        concurrency: int | LimitAlgorithm,
+        concurrency: int | str | LimitAlgorithm,
         ordered: bool,
         return_exceptions: bool,
         max_held: int | None,
@@ -73,6 +74,11 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
     ) -> None:
         if not callable(fn):
             raise ConfigError("fn", f"must be an async callable, got {type(fn).__name__}")
+        if isinstance(concurrency, str):
+            try:
+                concurrency = make_limit(concurrency)
+            except ConfigError as error:  # name this function's argument
+                raise ConfigError("concurrency", str(error).partition(": ")[2]) from None
         if isinstance(concurrency, LimitAlgorithm):
             self._algorithm: LimitAlgorithm | None = concurrency
             self._limit = concurrency.limit
@@ -84,7 +90,8 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         else:
             raise ConfigError(
                 "concurrency",
-                f"must be an int >= 1 or a LimitAlgorithm, got {type(concurrency).__name__}",
+                "must be an int >= 1, a limit name (aimd, vegas, ...) or a LimitAlgorithm, "
+                f"got {type(concurrency).__name__}",
             )
         if max_held is not None and (not isinstance(max_held, int) or max_held < 1):
             raise ConfigError("max_held", f"must be an int >= 1, got {max_held!r}")
@@ -378,7 +385,7 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
 def bounded_map(
     fn: Callable[[_T], Awaitable[_R]],
     iterable: Iterable[_T] | AsyncIterable[_T],
-    concurrency: int | LimitAlgorithm = ...,
+    concurrency: int | str | LimitAlgorithm = ...,
     ordered: bool = ...,
     *,
     return_exceptions: Literal[False] = ...,
@@ -392,7 +399,7 @@ def bounded_map(
 def bounded_map(
     fn: Callable[[_T], Awaitable[_R]],
     iterable: Iterable[_T] | AsyncIterable[_T],
-    concurrency: int | LimitAlgorithm = ...,
+    concurrency: int | str | LimitAlgorithm = ...,
     ordered: bool = ...,
     *,
     return_exceptions: Literal[True],
@@ -406,7 +413,7 @@ def bounded_map(
 def bounded_map(
     fn: Callable[[_T], Awaitable[_R]],
     iterable: Iterable[_T] | AsyncIterable[_T],
-    concurrency: int | LimitAlgorithm = ...,
+    concurrency: int | str | LimitAlgorithm = ...,
     ordered: bool = ...,
     *,
     return_exceptions: bool,
@@ -419,7 +426,7 @@ def bounded_map(
 def bounded_map(
     fn: Callable[[_T], Awaitable[_R]],
     iterable: Iterable[_T] | AsyncIterable[_T],
-    concurrency: int | LimitAlgorithm = 500,
+    concurrency: int | str | LimitAlgorithm = 500,
     ordered: bool = False,
     *,
     return_exceptions: bool = False,
@@ -434,7 +441,8 @@ def bounded_map(
     - ``iterable``: any iterable or async iterable, of any length. An input is taken
       only when a slot is free (before its task is created), so memory is
       O(concurrency), not O(inputs).
-    - ``concurrency``: an int, or a :class:`LimitAlgorithm` for an adaptive limit: each
+    - ``concurrency``: an int, or for an adaptive limit a :class:`LimitAlgorithm` or a
+      name for :func:`loadshed.limits.make_limit` (``"aimd"``, ``"vegas"``...): each
       completed call is a sample (success with its duration; dropped if it raised one
       of ``dropped_on``, by default ``TimeoutError``; other errors are ignored) and the
       limit is read again after each completion.
