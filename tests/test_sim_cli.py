@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from loadshed.cli import main
+from loadshed.sim.cli import demo
 
 PARADOX_SHORT = ["simulate", "paradox", "--clients", "1,4", "--duration", "10s"]
 
@@ -101,8 +102,10 @@ def test_bad_input_is_one_error_line_naming_the_flag(args: list[str], flag: str)
     assert "Traceback" not in output
 
 
-def test_demo_shows_the_paradox_and_its_cure() -> None:
-    code, output = _run(["demo", "--json"])
+def test_simulated_demo_shows_the_paradox_and_its_cure() -> None:
+    # `loadshed demo --sim` runs this command (plain `loadshed demo` is now live)
+    result = CliRunner().invoke(demo, ["--json"])
+    code, output = result.exit_code, result.output
     assert code == 0, output
     data = json.loads(output)
     none = {s["clients"]: s["goodput_ratio"] for s in data["none"]["steps"]}

@@ -1,5 +1,6 @@
-"""``loadshed simulate paradox|capacity-change|fleet`` and ``loadshed demo``:
-argument parsing and output only; the work is in :mod:`loadshed.sim.scenarios`."""
+"""``loadshed simulate paradox|capacity-change|fleet`` and the simulated demo
+(``loadshed demo --sim``): argument parsing and output only; the work is in
+:mod:`loadshed.sim.scenarios`."""
 
 from __future__ import annotations
 
@@ -413,8 +414,8 @@ DEMO_SCALE = 0.1
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print both results as JSON.")
 def demo(seed: int, as_json: bool) -> None:
-    """The throughput paradox and its cure, side by side (simulated until the live
-    demo lands): no limiter vs loadshed's default ``little`` limit."""
+    """The throughput paradox and its cure in virtual time, side by side: no limiter
+    vs loadshed's default ``little`` limit (``loadshed demo --sim``)."""
     results = {
         limit: run_paradox(
             limiter=LimiterConfig(limit),
