@@ -60,14 +60,15 @@ def _e1(job: tuple[str, str, int | None, bool, float, int]) -> dict[str, Any]:
     return result
 
 
-def _e2(job: tuple[str, str, int | None, bool, float, int]) -> dict[str, Any]:
-    label, limit, value, deadlines, duration, seed = job
+def _e2(job: tuple[str, str, int | None, bool, float, int, str]) -> dict[str, Any]:
+    label, limit, value, deadlines, duration, seed, dist = job
     started = time.perf_counter()
     result = run_capacity_change(
         limiter=LimiterConfig(limit, limit_value=value),
         send_deadline=deadlines,
         duration=duration,
         seed=seed,
+        dist=dist,
     )
     result["label"] = label
     result["wall_s"] = time.perf_counter() - started
@@ -193,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--e1-duration", type=float, default=30.0, help="seconds per E1 step")
     parser.add_argument("--e2-duration", type=float, default=120.0, help="seconds of E2")
+    parser.add_argument(
+        "--e2-dist",
+        choices=["constant", "exponential", "lognormal"],
+        default="constant",
+        help="E2 service-time distribution (published: constant)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--replicas", type=int, default=100, help="fleet size")
@@ -208,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         for deadlines in (True, False)
     ]
     e2_jobs = [
-        (label, limit, value, deadlines, args.e2_duration, args.seed)
+        (label, limit, value, deadlines, args.e2_duration, args.seed, args.e2_dist)
         for label, limit, value in E2_LIMITS
         for deadlines in (True, False)
     ]
@@ -235,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     if e2:
         parts += [
             "",
-            f"**E2 capacity change** (7 workers, 1 s -> 2 s at {args.e2_duration / 2:g} s, "
+            f"**E2 capacity change** (7 workers, {args.e2_dist} service time, "
+            f"mean 1 s -> 2 s at {args.e2_duration / 2:g} s, "
             f"5 req/s from 10 client workers, timeout 2.5 s, origin queue 100, "
             f"{args.e2_duration:g} s): after-change capacity 3.5 req/s",
             "",
