@@ -325,3 +325,25 @@ def test_bad_configuration_fails_at_construction(kwargs: dict[str, object], fiel
         make(**kwargs)
     assert info.value.field == field
     assert field in str(info.value)
+
+
+@pytest.mark.parametrize("discipline", ["fifo", "lifo", "codel"])
+def test_a_due_expiry_always_makes_progress(discipline: str) -> None:
+    """Jumping to next_expiry() and calling expire() never leaves the same expiry due
+    (float rounding once made CoDel spin forever in the simulator)."""
+    adm, _, clock = make(limit=1, discipline=discipline, max_queue_wait=0.3)
+    holder = adm.try_acquire()
+    rec = Recorder()
+    for step in range(40):
+        clock.advance(0.1 + 0.2 * (step % 3) / 7)  # times that do not add up exactly
+        rec.submit(adm, str(step))
+        for _ in range(100):
+            when = adm.next_expiry()
+            if when is None or when > clock.now():
+                break
+            before = (adm.queue_length, when)
+            adm.expire()
+            assert (adm.queue_length, adm.next_expiry()) != before
+        else:
+            pytest.fail("expire() did not consume a due expiry")
+    holder.success()

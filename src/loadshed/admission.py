@@ -401,7 +401,7 @@ class Admission:
             if self._codel_overloaded:
                 oldest = self._oldest_queued()
                 if oldest is not None:
-                    short = oldest.enqueued_at + self._codel_interval
+                    short = oldest.enqueued_at + self._codel_short_wait()
                     earliest = short if earliest is None else min(earliest, short)
             tick = self._codel_interval_end
             earliest = tick if earliest is None else min(earliest, tick)
@@ -413,12 +413,12 @@ class Admission:
         if self.discipline == "codel":
             self._codel_tick(now)
             if self._codel_overloaded:
-                short_wait = min(self._codel_interval, self._max_wait())
+                short_wait = self._codel_short_wait()
                 for queue in self._queues:
                     for ticket in list(queue):
                         if (
                             ticket._state is _State.QUEUED
-                            and now - ticket.enqueued_at >= short_wait
+                            and ticket.enqueued_at + short_wait <= now
                         ):
                             self._evict(ticket, RejectReason.QUEUE_TIMEOUT, now)
         heap = self._expiries
@@ -582,6 +582,11 @@ class Admission:
                 self._codel_min_wait = 0.0
         finally:
             self._dispatching = False
+
+    def _codel_short_wait(self) -> float:
+        """Queue timeout while CoDel sees a standing queue. One expression serves
+        next_expiry() and expire(), so a due expiry always evicts (no float gap)."""
+        return min(self._codel_interval, self._max_wait())
 
     def _codel_tick(self, now: float) -> None:
         if now < self._codel_interval_end:
