@@ -172,10 +172,10 @@ class DemoServer:
 
     def stop(self, grace_s: float = 3.0) -> None:
         """Stop the server and everything it started (its worker processes): SIGTERM to the
-        process group, SIGKILL to what is left after ``grace_s``."""
+        server (it stops its workers), SIGKILL to its process group after ``grace_s``."""
         process = self.process
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
+        if process.poll() is None:
+            process.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace_s)
         # The group may outlive its leader (forked workers): make sure it is gone.

@@ -137,7 +137,9 @@ def build_app(
         settings["workers"] = workers
     try:
         if model == "hashburn":
-            app = hashburn_pool_app(settings.get("service_time", 0.5), workers or 1)
+            app = hashburn_pool_app(
+                settings.get("service_time", 0.5), 1 if workers is None else workers
+            )
         else:
             app = create_demo_app(model, **settings)
     except ConfigError as error:
