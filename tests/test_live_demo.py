@@ -1,0 +1,130 @@
+"""The live ``loadshed demo``: real servers on loopback, the real load generator, tiny scale."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from loadshed.demo.live import LiveConfig, LiveStep, run_live
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def descendants() -> set[int]:
+    """Pids of every process below this one (servers and their worker processes)."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def assert_all_gone(pids: set[int]) -> None:
+    alive = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            if process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    _gone, still = psutil.wait_procs(alive, timeout=5)
+    assert not still, f"left running: {still}"
+
+
+def test_protected_goodput_holds_where_the_bare_service_collapses() -> None:
+    """E1 at 1/10 time (50 ms of work, 200 ms client timeout, capacity 20/s) at 1 and 8
+    clients: at 8 the bare service serves almost nothing in time, the default limit holds."""
+    config = LiveConfig(
+        protect=("none", "little"), clients=(1, 8), scale=0.1, duration_s=2.0, warmup_s=0.5
+    )
+    seen: set[int] = set()
+    before = descendants()
+
+    def on_start(protect: str, clients: int) -> None:
+        seen.update(descendants() - before)
+
+    steps = run_live(config, on_start=on_start)
+    # a server process and its hashburn worker, for each protection
+    assert len(seen) >= 2 * len(config.protect)
+    assert_all_gone(seen)
+
+    by_key: dict[tuple[str, int], LiveStep] = {(s.protect, s.clients): s for s in steps}
+    assert sorted(by_key) == [("little", 1), ("little", 8), ("none", 1), ("none", 8)]
+    capacity = config.capacity_rps
+    bare, protected = by_key["none", 8].summary(capacity), by_key["little", 8].summary(capacity)
+    assert protected["goodput_rps"] >= bare["goodput_rps"]
+    assert bare["goodput_ratio"] < 0.5 and bare["timeouts"] > 0  # the paradox, live
+    assert protected["goodput_ratio"] > 0.6  # generous: the machine is shared
+    assert protected["rejected"] > 0  # the cure is shedding the excess
+    one = by_key["none", 1].summary(capacity)
+    assert one["goodput_ratio"] > 0.6 and one["timeouts"] == 0
+
+
+def run_demo(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loadshed.cli", "demo", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_cli_end_to_end_json_table_and_chart(tmp_path: Path) -> None:
+    args = ("--scale", "0.1", "--clients", "2", "--duration", "1s", "--warmup", "0.3s")
+    result = run_demo(*args, "--protect", "little", "--json", "--chart", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["service_time_s"] == pytest.approx(0.05)
+    assert data["timeout_s"] == pytest.approx(0.2)
+    assert data["capacity_rps"] == pytest.approx(20.0)
+    [step] = data["steps"]
+    assert step["protect"] == "little" and step["clients"] == 2
+    assert step["goodput_rps"] > 0 and step["timeouts"] == 0
+    assert (tmp_path / "demo-little.png").read_bytes()[:4] == b"\x89PNG"
+    assert "<svg" in (tmp_path / "demo-little.html").read_text()
+    assert json.loads((tmp_path / "results.json").read_text()) == data
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--protect", "none,bogus"], "--protect"),
+        (["--protect", "little,little"], "--protect"),
+        (["--clients", "0"], "--clients"),
+        (["--clients", "a,b"], "--clients"),
+        (["--scale", "0"], "--scale"),
+        (["--duration", "soon"], "--duration"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str) -> None:
+    result = run_demo(*args, timeout=20)
+    assert result.returncode == 2, result.stderr
+    [error] = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert flag in error
+    assert "Traceback" not in result.stderr
+
+
+def test_servers_are_stopped_when_interrupted() -> None:
+    """Ctrl-C (KeyboardInterrupt) while the servers run: every process is gone afterwards."""
+    config = LiveConfig(protect=("none", "little"), clients=(1,), scale=0.1)
+    seen: set[int] = set()
+    before = descendants()
+
+    def interrupt(protect: str, clients: int) -> None:
+        seen.update(descendants() - before)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_live(config, on_start=interrupt)
+    assert len(seen) >= 2 * len(config.protect)
+    assert_all_gone(seen)
+
+
+def test_sim_flag_runs_the_simulated_demo() -> None:
+    result = run_demo("--sim", "--json", timeout=30)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == {"none", "little"}
