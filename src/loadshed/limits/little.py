@@ -194,7 +194,8 @@ class Little(LimitAlgorithm):
     # ---------------------------------------------------------------- samples
 
     def update(self, sample: Sample) -> int:
-        now, rtt = sample.now, max(sample.rtt, 0.0)
+        now = sample.now
+        rtt = sample.rtt if sample.rtt > 0.0 else 0.0
         if self._round_start is None:
             self._round_start = now - rtt - 1e-9  # the first round starts with the first request
         # Only requests admitted during this round show the effect of its limit.
@@ -209,18 +210,20 @@ class Little(LimitAlgorithm):
             # was admitted (the filter takes them all); judging this round's limit
             # (probe, drain) takes only the requests admitted under it.
             rate = self._delivery_rate(now, rtt)
-            self._round_rate = max(self._round_rate, rate)
-            self._cut_if_queued(rtt)
+            if rate > self._round_rate:
+                self._round_rate = rate
+            if rtt > _SAMPLE_QUEUE_RISE * self._latency_min:
+                self._cut_if_queued()
             if in_round:
                 self._round_successes += 1
-                self._round_latency = min(self._round_latency, rtt)
-                self._round_own_rate = max(self._round_own_rate, rate)
+                if rtt < self._round_latency:
+                    self._round_latency = rtt
+                if rate > self._round_own_rate:
+                    self._round_own_rate = rate
                 if sample.inflight >= self._limit:
                     self._round_saturated = True
         turned_over = self._round_successes + self._round_drops
-        if turned_over >= max(1, math.ceil(self._limit / 2)) and (
-            now - self._round_start >= self.min_round
-        ):
+        if 2 * turned_over >= self._limit and now - self._round_start >= self.min_round:
             # Half the slots have turned over under this round's limit.
             self._end_round(now)
         return self._limit
@@ -236,21 +239,24 @@ class Little(LimitAlgorithm):
         if completions and now < completions[-1]:
             now = completions[-1]  # keep the history sorted if samples arrive out of order
         completions.append(now)
-        start = bisect.bisect_left(completions, now - max(4 * rtt, 1.0), lo=self._history_start)
-        start = min(start, len(completions) - 1)
-        if start > 1024 and start > len(completions) // 2:
-            del completions[:start]
-            start = 0
-        self._history_start = start
+        if len(completions) & 255 == 0:
+            # Now and then, forget what no request in flight can need any more.
+            horizon = now - max(4 * rtt, 1.0)
+            start = bisect.bisect_left(completions, horizon, lo=self._history_start)
+            start = min(start, len(completions) - 1)
+            if start > 1024 and start > len(completions) // 2:
+                del completions[:start]
+                start = 0
+            self._history_start = start
         if rtt <= 0:
             return 0.0
-        during = len(completions) - bisect.bisect_right(completions, now - rtt, lo=start)
-        return during / rtt
+        admitted = bisect.bisect_right(completions, now - rtt, lo=self._history_start)
+        return (len(completions) - admitted) / rtt
 
-    def _cut_if_queued(self, rtt: float) -> None:
-        """A request that queued far beyond the minimum latency: stop over-admitting now."""
+    def _cut_if_queued(self) -> None:
+        """A request queued far beyond the minimum latency: stop over-admitting now."""
         bdp = self.estimate()
-        if bdp <= 0 or rtt <= _SAMPLE_QUEUE_RISE * self._latency_min:
+        if bdp <= 0:
             return
         base = max(1, round(bdp))
         if self._limit > base + 1:
