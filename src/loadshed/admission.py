@@ -361,6 +361,10 @@ class Admission:
         heapq.heappush(self._expiries, (expiry, ticket.seq, ticket))
         return ticket
 
+    def would_admit(self, priority: Priority = Priority.DEFAULT) -> bool:
+        """True if a request of this priority would be admitted now, without waiting."""
+        return self._can_admit(priority) and not self._waiting_at_or_above(priority)
+
     def try_acquire(
         self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
     ) -> Token:

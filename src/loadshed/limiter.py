@@ -129,6 +129,8 @@ class Limiter:
         For integrations that must watch something else while queued (the ASGI
         middleware watches for the client's disconnect).
         """
+        if self.admission.would_admit(priority):  # the common case: no future needed
+            return self.admission.try_acquire(priority=priority, deadline=deadline)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Token] = loop.create_future()
 
