@@ -83,6 +83,7 @@ def test_cli_end_to_end_json_table_and_chart(tmp_path: Path) -> None:
     [step] = data["steps"]
     assert step["protect"] == "little" and step["clients"] == 2
     assert step["goodput_rps"] > 0 and step["timeouts"] == 0
+    assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
     assert (tmp_path / "demo-little.png").read_bytes()[:4] == b"\x89PNG"
     assert "<svg" in (tmp_path / "demo-little.html").read_text()
     assert json.loads((tmp_path / "results.json").read_text()) == data

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import re
 import select
@@ -379,6 +380,56 @@ def render_table(config: LiveConfig, steps: Sequence[LiveStep]) -> Any:
     return table
 
 
+def write_comparison_chart(config: LiveConfig, steps: Sequence[LiveStep], path: Path) -> Path:
+    """Goodput of every protection against clients, on one PNG, with the capacity line and
+    the p99 of successes. (The load generator's per-protection charts plot throughput with
+    the 503s counted, thousands per second when shedding, on the same axis as goodput.)"""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(8, 4.5), dpi=100)
+    rates = figure.add_subplot()
+    latency = rates.twinx()
+    for protect in config.protect:
+        mine = [s for s in steps if s.protect == protect]
+        loads = [s.clients for s in mine]
+        (line,) = rates.plot(
+            loads, [s.result.goodput_rps for s in mine], "o-", label=f"{protect}: goodput"
+        )
+        p99 = [
+            float(s.result.latency("success")["p99"]) * 1e3 if s.result.successes else None
+            for s in mine
+        ]
+        latency.plot(
+            loads, [math.nan if v is None else v for v in p99], "v:", color=line.get_color(),
+            label=f"{protect}: p99 of successes",
+        )  # fmt: skip
+    rates.axhline(config.capacity_rps, color="grey", linestyle="--", label="capacity")
+    latency.axhline(config.timeout_s * 1e3, color="tab:red", linestyle=":", alpha=0.5,
+                    label="client timeout")  # fmt: skip
+    rates.set_xlabel("closed-loop clients")
+    rates.set_ylabel("goodput (2xx within the timeout per s)")
+    rates.set_ylim(bottom=0, top=config.capacity_rps * 1.25)
+    latency.set_ylabel("latency (ms)")
+    latency.set_ylim(bottom=0, top=config.timeout_s * 1e3 * 1.25)
+    rates.grid(True, alpha=0.3)
+    handles = rates.get_legend_handles_labels()[0] + latency.get_legend_handles_labels()[0]
+    labels = rates.get_legend_handles_labels()[1] + latency.get_legend_handles_labels()[1]
+    rates.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3,
+                 fontsize="small")  # fmt: skip
+    figure.suptitle(
+        f"Throughput paradox, live: {config.service_time_s * 1e3:g} ms per request, "
+        f"timeout {config.timeout_s * 1e3:g} ms, capacity {config.capacity_rps:g} req/s",
+        fontsize="medium",
+    )
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png", bbox_inches="tight")
+    return path
+
+
 def write_step_charts(config: LiveConfig, steps: Sequence[LiveStep], out_dir: Path) -> list[Path]:
     """One PNG and HTML chart per protection (the load generator's sweep chart)."""
     from loadshed.loadgen.chart import write_charts
@@ -435,7 +486,7 @@ def _parse_protect(text: str) -> tuple[str, ...]:
     "chart_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Write demo-<protect>.png/.html charts and results.json into this directory.",
+    help="Write demo.png (goodput side by side), demo-<protect>.png/.html and results.json here.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--sim", is_flag=True, help="Run the virtual-time simulation instead (instant).")
@@ -507,7 +558,8 @@ def demo(
 
     data = results_json(config, steps)
     if chart_dir is not None:
-        written = write_step_charts(config, steps, chart_dir)
+        written = [write_comparison_chart(config, steps, chart_dir / "demo.png")]
+        written += write_step_charts(config, steps, chart_dir)
         results_path = chart_dir / "results.json"
         results_path.write_text(json.dumps(data, indent=2) + "\n")
         written.append(results_path)
