@@ -7,9 +7,10 @@ Commands live in the modules that own them and are imported lazily, so that
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 import click
+
+from loadshed.clickutil import OneLineGroup
 
 __all__ = ["main"]
 
@@ -27,29 +28,9 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class LazyGroup(click.Group):
+class LazyGroup(OneLineGroup):
     """A click group whose subcommands are imported on first use, and whose usage
     errors print one line (``Error: ...`` naming the flag), exit code 2."""
-
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent, **extra)
-        except click.UsageError as error:
-            error.ctx = None  # no usage block: the message alone says what is wrong
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as error:
-            error.ctx = None
-            raise
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(COMMANDS))

@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
+from loadshed.clickutil import OneLineCommand
 from loadshed.errors import ConfigError
 from loadshed.loadgen.engine import LiveCounters
 from loadshed.loadgen.options import (
@@ -40,32 +41,6 @@ EXIT_USAGE = 2
 EXIT_GENERATOR = 3
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class OneLineErrors(click.Command):
-    """A command whose usage errors print as one line (``Error: --rate: must be > 0``)."""
-
-    def make_context(
-        self,
-        info_name: str | None,
-        args: list[str],
-        parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:
-        try:
-            return super().make_context(info_name, args, parent, **extra)
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
 
 
 def _request_options(func: F) -> F:
@@ -257,7 +232,7 @@ def _print_verdict(console: Console, slo: SLO | None, result: RunResult) -> bool
 # -- bench -------------------------------------------------------------------------------------
 
 
-@click.command(cls=OneLineErrors)
+@click.command(cls=OneLineCommand)
 @click.argument("url")
 @click.option("--clients", "-c", type=int, default=None, help="Closed loop: concurrent clients.")
 @click.option("--rate", "-r", type=float, default=None, help="Open loop: requests per second.")
@@ -319,7 +294,7 @@ def bench(
 # -- report ------------------------------------------------------------------------------------
 
 
-@click.command(cls=OneLineErrors)
+@click.command(cls=OneLineCommand)
 @click.argument(
     "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
@@ -357,7 +332,7 @@ def report(files: tuple[Path, ...], json_path: Path | None, slo: str | None) -> 
 # -- sweep -------------------------------------------------------------------------------------
 
 
-@click.command(cls=OneLineErrors)
+@click.command(cls=OneLineCommand)
 @click.argument("url")
 @click.option(
     "--clients",
@@ -516,7 +491,7 @@ def _sweep_table(steps: Any, axis: str) -> Any:
 # -- capacity ----------------------------------------------------------------------------------
 
 
-@click.command(cls=OneLineErrors)
+@click.command(cls=OneLineCommand)
 @click.argument("url")
 @click.option(
     "--slo", required=True, help="Objectives each step must meet, e.g. 'p99<200ms,errors<0.1%'."

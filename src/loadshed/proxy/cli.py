@@ -22,36 +22,13 @@ import uvicorn
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from loadshed.errors import ConfigError
+from loadshed.clickutil import OneLineCommand
 from loadshed.proxy.app import ProxyApp, create_proxy
 from loadshed.proxy.config import ProxyConfig, parse_listen, parse_upstream
 from loadshed.proxy.security import bounded_protocol
 from loadshed.units import DURATION
 
 __all__ = ["proxy", "server_config"]
-
-
-class _OneLineCommand(click.Command):
-    """Usage errors as one line (``Error: --limit: unknown limit 'turbo'; allowed: ...``)."""
-
-    def make_context(
-        self, info_name: str | None, args: list[str], parent: click.Context | None = None,
-        **extra: Any,
-    ) -> click.Context:  # fmt: skip
-        try:
-            return super().make_context(info_name, args, parent, **extra)
-        except click.UsageError as exc:
-            exc.ctx = None  # no "Usage: ..." preamble, just the error line
-            raise
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
-        except click.UsageError as exc:
-            exc.ctx = None
-            raise
 
 
 def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Config:
@@ -152,7 +129,7 @@ def _to_config(**values: Any) -> ProxyConfig:
     return ProxyConfig(upstreams=upstreams, host=host, port=port, **values)
 
 
-@click.command(cls=_OneLineCommand)
+@click.command(cls=OneLineCommand)
 @click.option(
     "--upstream",
     "-u",

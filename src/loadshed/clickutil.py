@@ -1,0 +1,51 @@
+"""Shared click plumbing: usage errors as one line naming the flag, exit code 2.
+
+Click prints a usage block before a usage error; loadshed prints only
+``Error: <what is wrong, naming the flag and the allowed values>``. A
+:class:`~loadshed.errors.ConfigError` raised while a command runs (configuration
+checked at start-up) becomes the same kind of error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from loadshed.errors import ConfigError
+
+__all__ = ["OneLineCommand", "OneLineGroup"]
+
+
+class _OneLineErrors:
+    """Mixin for click commands and groups (see the module docstring)."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)  # type: ignore[misc, no-any-return]
+        except click.UsageError as error:
+            error.ctx = None  # no usage block: the message alone says what is wrong
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)  # type: ignore[misc]
+        except ConfigError as error:
+            raise click.UsageError(str(error)) from None
+        except click.UsageError as error:
+            error.ctx = None
+            raise
+
+
+class OneLineCommand(_OneLineErrors, click.Command):
+    """A click command whose usage and configuration errors print as one line."""
+
+
+class OneLineGroup(_OneLineErrors, click.Group):
+    """A click group whose (and whose subcommands') usage errors print as one line."""
