@@ -361,9 +361,20 @@ class Admission:
         heapq.heappush(self._expiries, (expiry, ticket.seq, ticket))
         return ticket
 
-    def would_admit(self, priority: Priority = Priority.DEFAULT) -> bool:
-        """True if a request of this priority would be admitted now, without waiting."""
-        return self._can_admit(priority) and not self._waiting_at_or_above(priority)
+    def grant_now(
+        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+    ) -> Token | None:
+        """A token if one is free right now for this priority, else None (nothing is
+        counted: the caller goes on to :meth:`submit`). The uncontended fast path."""
+        if self._inflight >= self._cap(priority) or (
+            self._queued and self._waiting_at_or_above(priority)
+        ):
+            return None
+        now = self.clock.now()
+        deadline = self._effective_deadline(deadline, now)
+        if deadline is not None and deadline <= now:
+            return None  # submit() refuses it and counts the reason
+        return self._grant(priority, deadline, now, enqueued_at=now)
 
     def try_acquire(
         self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None

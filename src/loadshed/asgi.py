@@ -169,13 +169,11 @@ class LoadShedMiddleware:
             await self.app(scope, receive, send)
             return
 
-        clock = limiter.clock
-        arrived = clock.now()
         timeout, priority, content_length = self._read_headers(scope)
         if content_length is not None and content_length > self.max_body_bytes:
             await self._send_too_large(send)
             return
-        deadline = arrived + timeout if timeout is not None else None
+        deadline = limiter.clock.now() + timeout if timeout is not None else None
         try:
             entry = limiter.enter(priority=priority, deadline=deadline)
         except Rejected as rejected:
@@ -200,14 +198,23 @@ class LoadShedMiddleware:
         timeout = self.default_timeout
         priority = Priority.DEFAULT
         content_length: int | None = None
-        for raw_name, raw_value in scope.get("headers", ()):
-            name = bytes(raw_name).lower()
+        deadline_header, grpc_header = self._deadline_header, self._grpc_header
+        priority_header = self._priority_header
+        for name, raw_value in scope.get("headers", ()):
+            # ASGI servers give header names in lower case (the spec requires it).
+            if (
+                name != b"content-length"
+                and name != deadline_header
+                and name != grpc_header
+                and name != priority_header
+            ):
+                continue
             try:
-                if name == self._deadline_header:
+                if name == deadline_header:
                     timeout = parse_timeout_seconds(raw_value.decode("latin-1"), name.decode())
-                elif name == self._grpc_header:
+                elif name == grpc_header:
                     timeout = parse_grpc_timeout(raw_value.decode("latin-1"), name.decode())
-                elif name == self._priority_header:
+                elif name == priority_header:
                     priority = parse_priority(raw_value.decode("latin-1"), name.decode())
                 elif name == b"content-length":
                     content_length = int(raw_value)
@@ -261,15 +268,17 @@ class LoadShedMiddleware:
         status = 0
         queue_ms = token.queue_wait * 1000.0
 
+        server_timing = self.server_timing
+
         async def send_wrapper(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
-                status = int(message["status"])
-                if self.server_timing:
+                status = message["status"]
+                if server_timing:
                     app_ms = (clock.now() - token.admitted_at) * 1000.0
-                    timing = f"queue;dur={queue_ms:.1f}, app;dur={app_ms:.1f}".encode()
-                    message = dict(message)
-                    message["headers"] = [*message.get("headers", ()), (b"server-timing", timing)]
+                    timing = b"queue;dur=%.1f, app;dur=%.1f" % (queue_ms, app_ms)
+                    message = {**message, "headers": [*message.get("headers", ()),
+                                                       (b"server-timing", timing)]}  # fmt: skip
             await send(message)
 
         try:

@@ -129,8 +129,9 @@ class Limiter:
         For integrations that must watch something else while queued (the ASGI
         middleware watches for the client's disconnect).
         """
-        if self.admission.would_admit(priority):  # the common case: no future needed
-            return self.admission.try_acquire(priority=priority, deadline=deadline)
+        token = self.admission.grant_now(priority=priority, deadline=deadline)
+        if token is not None:  # the common case: no future needed
+            return token
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Token] = loop.create_future()
 
