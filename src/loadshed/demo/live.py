@@ -567,4 +567,5 @@ def demo(
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
-    Console().print(render_table(config, steps))
+    # Off a terminal (CI logs, pipes) rich would cut the table at 80 columns.
+    Console(width=None if sys.stdout.isatty() else 120).print(render_table(config, steps))
