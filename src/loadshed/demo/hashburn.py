@@ -14,8 +14,10 @@ which :func:`hash_chain` recomputes to check it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
+from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,8 +25,9 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loadshed.demo import invalid_request, positive_int, positive_number
+from loadshed.runner import ModelRunner, RunnerError
 
-__all__ = ["DEFAULT_SERVICE_TIME", "burn", "create_app", "hash_chain"]
+__all__ = ["DEFAULT_SERVICE_TIME", "burn", "create_app", "create_pool_app", "hash_chain"]
 
 DEFAULT_SERVICE_TIME = 0.5
 """E1's work per request, seconds."""
@@ -57,6 +60,27 @@ def burn(data: bytes, service_time: float) -> tuple[str, int]:
     return digest.hex(), rounds
 
 
+def _read_input(request: Request, max_input_bytes: int) -> bytes | JSONResponse:
+    """The ``input`` query parameter as bytes, or a 422 naming what is wrong."""
+    text = request.query_params.get("input")
+    if text is None:
+        return invalid_request("input", "query parameter is required (?input=...)")
+    data = text.encode()
+    if len(data) > max_input_bytes:
+        return invalid_request("input", f"is {len(data)} bytes, at most {max_input_bytes} allowed")
+    return data
+
+
+def _answer(digest: str, rounds: int, started: float) -> JSONResponse:
+    return JSONResponse(
+        {
+            "result": digest,
+            "rounds": rounds,
+            "service_seconds": round(time.perf_counter() - started, 6),
+        }
+    )
+
+
 def create_app(
     service_time: float = DEFAULT_SERVICE_TIME, *, max_input_bytes: int = 4096
 ) -> Starlette:
@@ -70,24 +94,13 @@ def create_app(
     max_input_bytes = positive_int(max_input_bytes, "max_input_bytes")
 
     async def calculate(request: Request) -> JSONResponse:
-        text = request.query_params.get("input")
-        if text is None:
-            return invalid_request("input", "query parameter is required (?input=...)")
-        data = text.encode()
-        if len(data) > max_input_bytes:
-            return invalid_request(
-                "input", f"is {len(data)} bytes, at most {max_input_bytes} allowed"
-            )
+        data = _read_input(request, max_input_bytes)
+        if isinstance(data, JSONResponse):
+            return data
         started = time.perf_counter()
         # Deliberately blocking: the event loop (the only worker) is busy for service_time.
         digest, rounds = burn(data, service_time)
-        return JSONResponse(
-            {
-                "result": digest,
-                "rounds": rounds,
-                "service_seconds": round(time.perf_counter() - started, 6),
-            }
-        )
+        return _answer(digest, rounds, started)
 
     async def health(request: Request) -> JSONResponse:
         return JSONResponse(
@@ -103,4 +116,64 @@ def create_app(
     app.state.model = "hashburn"
     app.state.service_time = service_time
     app.state.workers = 1
+    return app
+
+
+def create_pool_app(
+    service_time: float = DEFAULT_SERVICE_TIME, *, workers: int = 1, max_input_bytes: int = 4096
+) -> Starlette:
+    """hashburn served as E1's app was: the burn runs in ``workers`` worker processes.
+
+    The same endpoints and answers as :func:`create_app`, but :func:`burn` runs in a
+    :class:`~loadshed.runner.ModelRunner` instead of on the event loop. On the loop, a
+    burning request blocks everything else, so an in-process middleware only ever sees
+    one request at a time (every other one waits in the kernel's accept queue, out of its
+    sight) and cannot shed anything. With the work in a worker process, as with E1's
+    process pool, the loop stays free to admit, queue and reject. Without protection the
+    paradox is intact: requests wait in the runner's FIFO, and those whose client gave up
+    are still computed. Capacity is ``workers / service_time``.
+    """
+    service_time = positive_number(service_time, "service_time", maximum=3600.0)
+    workers = positive_int(workers, "workers")
+    max_input_bytes = positive_int(max_input_bytes, "max_input_bytes")
+    runner: ModelRunner[tuple[str, int]] = ModelRunner(burn, workers=workers, mp_context="fork")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with runner:
+            yield
+
+    async def calculate(request: Request) -> JSONResponse:
+        data = _read_input(request, max_input_bytes)
+        if isinstance(data, JSONResponse):
+            return data
+        started = time.perf_counter()
+        try:
+            digest, rounds = await runner.run(data, service_time)
+        except RunnerError as error:
+            return JSONResponse({"error": "runner", "reason": str(error)}, status_code=500)
+        return _answer(digest, rounds, started)
+
+    async def health(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": "hashburn",
+                "service_time": service_time,
+                "workers": workers,
+                "busy": runner.busy,
+                "waiting": runner.waiting,
+            }
+        )
+
+    app = Starlette(
+        routes=[
+            Route("/calculate", calculate, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.model = "hashburn"
+    app.state.service_time = service_time
+    app.state.workers = workers
     return app

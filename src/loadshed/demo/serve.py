@@ -150,86 +150,11 @@ def build_app(
 
 
 def hashburn_pool_app(service_time: float = 0.5, workers: int = 1) -> Any:
-    """hashburn served as E1's app was: the burn runs in ``workers`` worker processes.
+    """hashburn with its burn in worker processes (see
+    :func:`loadshed.demo.hashburn.create_pool_app`): what ``serve-demo`` serves."""
+    from loadshed.demo.hashburn import create_pool_app
 
-    The same endpoints and answers as :func:`loadshed.demo.hashburn.create_app`
-    (``GET /calculate?input=...`` -> ``{"result", "rounds", "service_seconds"}``, ``/health``),
-    but :func:`~loadshed.demo.hashburn.burn` runs in a :class:`~loadshed.runner.ModelRunner`
-    instead of on the event loop. On the loop, a burning request blocks everything else, so an
-    in-process middleware only ever sees one request at a time (every other one waits in the
-    kernel's accept queue, out of its sight) and cannot shed anything. With the work in a
-    worker process, as with E1's process pool, the loop stays free to admit, queue and reject.
-    Without protection the paradox is intact: requests wait in the runner's FIFO, and those
-    whose client gave up are still computed. Capacity is ``workers / service_time``.
-    """
-    import contextlib
-    import time
-    from collections.abc import AsyncIterator
-
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
-
-    from loadshed.demo import invalid_request, positive_int, positive_number
-    from loadshed.demo.hashburn import burn
-    from loadshed.runner import ModelRunner, RunnerError
-
-    service_time = positive_number(service_time, "service_time", maximum=3600.0)
-    workers = positive_int(workers, "workers")
-    max_input_bytes = 4096
-    runner: ModelRunner[tuple[str, int]] = ModelRunner(burn, workers=workers, mp_context="fork")
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with runner:
-            yield
-
-    async def calculate(request: Request) -> JSONResponse:
-        text = request.query_params.get("input")
-        if text is None:
-            return invalid_request("input", "query parameter is required (?input=...)")
-        data = text.encode()
-        if len(data) > max_input_bytes:
-            return invalid_request(
-                "input", f"is {len(data)} bytes, at most {max_input_bytes} allowed"
-            )
-        started = time.perf_counter()
-        try:
-            digest, rounds = await runner.run(data, service_time)
-        except RunnerError as error:
-            return JSONResponse({"error": "runner", "reason": str(error)}, status_code=500)
-        return JSONResponse(
-            {
-                "result": digest,
-                "rounds": rounds,
-                "service_seconds": round(time.perf_counter() - started, 6),
-            }
-        )
-
-    async def health(request: Request) -> JSONResponse:
-        return JSONResponse(
-            {
-                "status": "ok",
-                "model": "hashburn",
-                "service_time": service_time,
-                "workers": workers,
-                "busy": runner.busy,
-                "waiting": runner.waiting,
-            }
-        )
-
-    app = Starlette(
-        routes=[
-            Route("/calculate", calculate, methods=["GET"]),
-            Route("/health", health, methods=["GET"]),
-        ],
-        lifespan=lifespan,
-    )
-    app.state.model = "hashburn"
-    app.state.service_time = service_time
-    app.state.workers = workers
-    return app
+    return create_pool_app(service_time, workers=workers)
 
 
 def _bind(host: str, port: int) -> socket.socket:
