@@ -102,3 +102,17 @@ def test_known_limit_widely_varying_service_times_undercount_workers() -> None:
     step = result["steps"][0]
     assert step["mean_limit"] < 8
     assert step["goodput_ratio"] < 0.9
+
+
+def test_latencies_near_zero_never_overflow_the_estimate() -> None:
+    """Found by the hypothesis bounds test: a delivery rate divided by 1e-308 s."""
+    little = Little()
+    for rtt, inflight, dropped, now in [
+        (0.0, 0, True, 0.0),
+        (1e-09, 0, False, 0.0),
+        (1.1125369292536007e-308, 0, False, 0.0),
+        (1.1125369292536007e-308, 2, False, 0.0),
+        (0.0, 3, True, 1.0),
+    ] * 20:
+        limit = little.update(Sample(rtt=rtt, inflight=inflight, dropped=dropped, now=now))
+        assert isinstance(limit, int) and little.min_limit <= limit <= little.max_limit

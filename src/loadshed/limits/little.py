@@ -73,6 +73,7 @@ _QUEUE_RISE = 1.5  # round latency over this x the minimum: requests queued some
 _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut now
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
+_MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
 
 
 class _State(enum.Enum):
@@ -251,14 +252,15 @@ class Little(LimitAlgorithm):
         if rtt <= 0:
             return 0.0
         admitted = bisect.bisect_right(completions, now - rtt, lo=self._history_start)
-        return (len(completions) - admitted) / rtt
+        # A latency under a microsecond is timer noise: never divide by less.
+        return (len(completions) - admitted) / max(rtt, _MIN_INTERVAL)
 
     def _cut_if_queued(self) -> None:
         """A request queued far beyond the minimum latency: stop over-admitting now."""
         bdp = self.estimate()
         if bdp <= 0:
             return
-        base = max(1, round(bdp))
+        base = self._slots(bdp)
         if self._limit > base + 1:
             if self._state in (_State.STARTUP, _State.PROBE):
                 self._enter_drain()
@@ -295,7 +297,7 @@ class Little(LimitAlgorithm):
             # Draining did not bring latency down: the service itself got slower.
             # Forget the rounds of the faster past, rates and latencies together, and
             # keep the concurrency: the workers are the same, only slower.
-            workers = max(1, round(self.estimate()))
+            workers = self._slots(self.estimate())
             self._rounds.clear()
             self._rounds.append((workers / latency, latency))
         self._previous_round_latency = latency
@@ -377,9 +379,13 @@ class Little(LimitAlgorithm):
             self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
             self._enter_drain()
 
+    def _slots(self, estimate: float) -> int:
+        """An estimate rounded to whole slots (at least one; the maximum if infinite)."""
+        return max(1, round(estimate)) if math.isfinite(estimate) else self.max_limit
+
     def _base(self, bdp: float) -> int:
         """The cruise limit: the estimate, under the ceiling a drain may have found."""
-        base = max(1, round(bdp))
+        base = self._slots(bdp)
         return base if self._ceiling is None else min(base, self._ceiling)
 
     def _enter_probe(self, rate: float, bdp: float) -> None:
