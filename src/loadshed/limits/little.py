@@ -98,6 +98,14 @@ class Little(LimitAlgorithm):
 
     name = "little"
 
+    # The round in progress, reset by _start_round().
+    _round_successes: int
+    _round_latency: float
+    _round_rate: float
+    _round_own_rate: float
+    _round_drops: int
+    _round_saturated: bool
+
     def __init__(
         self,
         *,
@@ -136,14 +144,9 @@ class Little(LimitAlgorithm):
         self._rate_max = 0.0
         self._latency_min = math.inf
         self._previous_round_latency = math.inf
-        # The round in progress.
+        # The round in progress (starts with the first request).
         self._round_start: float | None = None
-        self._round_successes = 0
-        self._round_latency = math.inf
-        self._round_rate = 0.0
-        self._round_own_rate = 0.0
-        self._round_drops = 0
-        self._round_saturated = False
+        self._start_round(None)
         # Completion times (sorted; those before index ``_history_start`` are
         # forgotten) to count the completions during each request's lifetime.
         self._completions: list[float] = []
@@ -268,13 +271,8 @@ class Little(LimitAlgorithm):
 
     # ----------------------------------------------------------------- rounds
 
-    def _end_round(self, now: float) -> None:
-        assert self._round_start is not None
-        successes, drops = self._round_successes, self._round_drops
-        rate = self._round_rate
-        own_rate = self._round_own_rate
-        latency = self._round_latency
-        saturated = self._round_saturated
+    def _start_round(self, now: float | None) -> None:
+        """Begin a round at ``now`` with empty counters."""
         self._round_start = now
         self._round_successes = 0
         self._round_latency = math.inf
@@ -282,6 +280,15 @@ class Little(LimitAlgorithm):
         self._round_own_rate = 0.0
         self._round_drops = 0
         self._round_saturated = False
+
+    def _end_round(self, now: float) -> None:
+        assert self._round_start is not None
+        successes, drops = self._round_successes, self._round_drops
+        rate = self._round_rate
+        own_rate = self._round_own_rate
+        latency = self._round_latency
+        saturated = self._round_saturated
+        self._start_round(now)
 
         previous_min = self._latency_min
         queue_formed = latency < math.inf and latency > _QUEUE_RISE * previous_min
