@@ -221,7 +221,10 @@ async def test_origin_queue_bound_gives_503_and_work_time_changes_live() -> None
                 else:
                     assert body["worked_seconds"] == 0.5
             queued = [b["queued_seconds"] for s, b, _ in results if s == 200]
-            assert sorted(queued)[-1] >= 0.45  # the queued one waited for a slot
+            # The queued one waited for a slot: up to 0.5 s less however late it arrived
+            # (connections open one by one on a loaded machine); a request that found a
+            # free slot waits about 0.
+            assert sorted(queued)[-1] >= 0.2
 
             status, stats, _ = await get_json(session, f"{url}/admin/stats")
             assert (stats["served"], stats["rejected"], stats["busy"], stats["queued"]) == (
