@@ -8,7 +8,9 @@ the same trivial Starlette endpoint: bare, behind the middleware with ``fixed:10
 default limit (``little``). ``loadshed bench`` drives each in turn, closed loop with
 ``--clients`` connections (pinned to the other CPU), ``--rounds`` times, interleaved.
 Reported: median throughput and p50/p99 per variant, and against bare: the
-throughput ratio and the added p50.
+throughput ratio and the added p50; also the server's CPU time per request (user +
+system, read from the process before and after each run, divided by the requests it
+answered), which holds on a shared machine where throughput moves with the neighbours.
 """
 
 from __future__ import annotations
@@ -45,8 +47,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @contextlib.contextmanager
-def server(variant: str) -> Iterator[str]:
+def server(variant: str) -> Iterator[tuple[str, int]]:
     port = free_port()
     command = [
         PYTHON, "-m", "uvicorn", f"middleware_targets:{variant}", "--app-dir", str(HERE),
@@ -62,7 +70,7 @@ def server(variant: str) -> Iterator[str]:
             time.sleep(0.05)
         else:
             raise RuntimeError(f"{variant} server did not start")
-        yield f"http://127.0.0.1:{port}/"
+        yield f"http://127.0.0.1:{port}/", process.pid
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -72,7 +80,8 @@ def bench(url: str, clients: int, duration: float) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [
             PYTHON, "-m", "loadshed.cli", "bench", url, "--clients", str(clients),
-            "--duration", f"{duration}s", "--warmup", "1s", "--quiet", "--json", out.name,
+            # No warm-up: every request the server answers is counted (CPU per request).
+            "--duration", f"{duration}s", "--warmup", "0s", "--quiet", "--json", out.name,
         ]  # fmt: skip
         subprocess.run(pinned(command, "1"), check=True, stdout=subprocess.DEVNULL)
         result: dict[str, Any] = json.loads(Path(out.name).read_text())
@@ -88,10 +97,15 @@ def main() -> None:
     args = parser.parse_args()
     runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
     with contextlib.ExitStack() as stack:
-        urls = {variant: stack.enter_context(server(variant)) for variant in VARIANTS}
+        servers = {variant: stack.enter_context(server(variant)) for variant in VARIANTS}
+        for variant in VARIANTS:  # warm each server up once, outside the figures
+            bench(servers[variant][0], args.clients, 1.0)
         for _ in range(args.rounds):
             for variant in VARIANTS:
-                result = bench(urls[variant], args.clients, args.duration)
+                url, pid = servers[variant]
+                cpu_before = cpu_seconds(pid)
+                result = bench(url, args.clients, args.duration)
+                cpu_used = cpu_seconds(pid) - cpu_before
                 runs[variant].append(
                     {
                         "throughput_rps": result["throughput_rps"],
@@ -99,26 +113,29 @@ def main() -> None:
                         "requests": result["requests"],
                         "p50_s": result["latency_s"]["all"]["p50"],
                         "p99_s": result["latency_s"]["all"]["p99"],
+                        "server_cpu_us_per_request": cpu_used / max(1, result["requests"]) * 1e6,
                     }
                 )
     median = {
         variant: {
             key: statistics.median(run[key] for run in runs[variant])
-            for key in ("throughput_rps", "p50_s", "p99_s")
+            for key in ("throughput_rps", "p50_s", "p99_s", "server_cpu_us_per_request")
         }
         for variant in VARIANTS
     }
     bare = median["bare"]
     print(f"| variant | req/s (median of {args.rounds}) | p50 ms | p99 ms | "
-          "throughput vs bare | added p50 us |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+          "throughput vs bare | added p50 us | server CPU us/request | added CPU us |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for variant in VARIANTS:
         m = median[variant]
         ratio = m["throughput_rps"] / bare["throughput_rps"]
         added = (m["p50_s"] - bare["p50_s"]) * 1e6
         print(
             f"| {variant} | {m['throughput_rps']:,.0f} | {m['p50_s'] * 1e3:.3f} | "
-            f"{m['p99_s'] * 1e3:.3f} | {ratio:.3f} | {added:+.0f} |"
+            f"{m['p99_s'] * 1e3:.3f} | {ratio:.3f} | {added:+.0f} | "
+            f"{m['server_cpu_us_per_request']:.1f} | "
+            f"{m['server_cpu_us_per_request'] - bare['server_cpu_us_per_request']:+.1f} |"
         )
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "median": median}, indent=2))

@@ -347,3 +347,15 @@ def test_a_due_expiry_always_makes_progress(discipline: str) -> None:
         else:
             pytest.fail("expire() did not consume a due expiry")
     holder.success()
+
+
+def test_clock_reader_is_monotonic_itself_for_the_real_clock_and_follows_a_virtual_one() -> None:
+    import time
+
+    from loadshed.clock import MONOTONIC, reader
+
+    assert reader(MONOTONIC) is time.monotonic
+    virtual = VirtualClock(5.0)
+    read = reader(virtual)
+    virtual.advance(1.5)
+    assert read() == 6.5

@@ -88,3 +88,27 @@ async def test_spec_strings_and_ints_build_the_algorithm() -> None:
     assert Limiter(3).limit == 3
     assert Limiter("fixed:4").limit == 4
     assert Limiter().snapshot().algorithm.startswith("little")
+
+
+async def test_leave_ends_a_queued_wait_with_the_reason_and_never_releases_a_granted_token() -> (
+    None
+):
+    from loadshed.limiter import Waiting
+
+    limiter = Limiter(Fixed(1), max_queue_wait=5)
+    held = limiter.try_acquire()
+    first = limiter.enter()
+    second = limiter.enter()
+    assert isinstance(first, Waiting) and isinstance(second, Waiting)
+    assert first.leave(RejectReason.CLIENT_GONE) is True
+    with pytest.raises(Rejected) as info:
+        await first.future
+    assert info.value.reason is RejectReason.CLIENT_GONE
+    assert limiter.queue_length == 1
+    assert limiter.snapshot().counts["rejected:client_gone"] == 1
+    held.release()  # the second waiter gets the slot
+    token = await second.future
+    assert second.leave(RejectReason.CLIENT_GONE) is False
+    assert not token.released and limiter.inflight == 1
+    token.release()
+    assert limiter.inflight == 0

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loadshed.clock import Clock
+from loadshed.clock import Clock, reader
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
 from loadshed.limits.base import LimitAlgorithm, Sample
@@ -39,6 +39,7 @@ __all__ = [
 DISCIPLINES = ("fifo", "lifo", "codel")
 _PRIORITIES = tuple(Priority)  # most critical first
 _DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
+_new_sample = tuple.__new__
 
 
 class LimiterListener(Protocol):
@@ -226,6 +227,8 @@ class Admission:
 
         self.algorithm = limit
         self.clock = clock
+        self.now = reader(clock)
+        """Reads the clock (read on every admission and release; see clock.reader)."""
         self.name = name
         self.max_queue = max_queue
         self.max_queue_wait = max_queue_wait
@@ -366,12 +369,15 @@ class Admission:
     ) -> Token | None:
         """A token if one is free right now for this priority, else None (nothing is
         counted: the caller goes on to :meth:`submit`). The uncontended fast path."""
-        if self._inflight >= self._cap(priority) or (
-            self._queued and self._waiting_at_or_above(priority)
-        ):
+        # Kept lean (it runs for every request): no reserved shares means the cap is the limit.
+        cap = self._cap(priority) if self._reserved else self.algorithm.limit
+        if self._inflight >= cap or (self._queued and self._waiting_at_or_above(priority)):
             return None
-        now = self.clock.now()
-        deadline = self._effective_deadline(deadline, now)
+        now = self.now()
+        if deadline is None:
+            patience = self.patience.patience if self.learn_patience else None
+            if patience is not None:
+                deadline = now + patience
         if deadline is not None and deadline <= now:
             return None  # submit() refuses it and counts the reason
         return self._grant(priority, deadline, now, enqueued_at=now)
@@ -508,8 +514,9 @@ class Admission:
         self._counts["admitted"] += 1
         queue_wait = now - enqueued_at
         token = Token(self, priority, deadline, now, queue_wait, self._inflight)
-        for listener in self._listeners:
-            listener.on_admit(queue_wait, priority)
+        if self._listeners:
+            for listener in self._listeners:
+                listener.on_admit(queue_wait, priority)
         return token
 
     def _refuse(self, reason: RejectReason, waited: float) -> Rejected:
@@ -532,7 +539,7 @@ class Admission:
         ticket.on_reject(Rejected(reason, self.retry_after()))
 
     def _release(self, token: Token, outcome: Outcome) -> None:
-        now = self.clock.now()
+        now = self.now()
         self._inflight -= 1
         self._inflight_by_priority[token.priority] -= 1
         service_s = now - token.admitted_at
@@ -540,17 +547,15 @@ class Admission:
         if outcome is Outcome.SUCCESS:
             self.service.add(service_s)
         if outcome is not Outcome.IGNORED:
-            self.algorithm.update(
-                Sample(
-                    service_s,
-                    token.inflight_at_admit,
-                    outcome is Outcome.DROPPED,
-                    now,
-                    self._queued,
-                )
+            # tuple.__new__ builds the named tuple without its Python-level __new__.
+            sample = _new_sample(
+                Sample,
+                (service_s, token.inflight_at_admit, outcome is Outcome.DROPPED, now, self._queued),
             )
-        for listener in self._listeners:
-            listener.on_release(outcome, service_s)
+            self.algorithm.update(sample)
+        if self._listeners:
+            for listener in self._listeners:
+                listener.on_release(outcome, service_s)
         if self._queued:
             self._dispatch(now)
         elif self.discipline == "codel":

@@ -113,11 +113,12 @@ class LoadShedMiddleware:
             key=lambda item: len(item[0]),
             reverse=True,
         )
+        self._exclude_callable: Callable[[Scope], bool] | None = None
+        self._exclude_prefixes: tuple[str, ...] = ()
         if callable(exclude):
-            self._excluded: Callable[[Scope], bool] = exclude
+            self._exclude_callable = exclude
         else:
-            prefixes = tuple(exclude)
-            self._excluded = lambda scope: str(scope.get("path", "")).startswith(prefixes)
+            self._exclude_prefixes = tuple(exclude)
         self._select = select
         self.reject_status = reject_status
         self.max_body_bytes = max_body_bytes
@@ -125,6 +126,9 @@ class LoadShedMiddleware:
         self._deadline_header = deadline_header.lower().encode("latin-1")
         self._grpc_header = grpc_timeout_header.lower().encode("latin-1")
         self._priority_header = priority_header.lower().encode("latin-1")
+        self._watched_headers = frozenset(
+            (b"content-length", self._deadline_header, self._grpc_header, self._priority_header)
+        )
         self.server_timing = server_timing
         self.malformed_headers: dict[str, int] = {}
         """Counts of malformed header values seen, by header name."""
@@ -147,17 +151,23 @@ class LoadShedMiddleware:
 
     def limiter_for(self, scope: Scope) -> Limiter | None:
         """The limiter that guards this request, or None when it is not limited."""
-        if self._excluded(scope):
+        path: str = scope.get("path", "")
+        if self._exclude_callable is not None:
+            if self._exclude_callable(scope):
+                return None
+        elif path.startswith(self._exclude_prefixes):
             return None
         if self._select is not None:
             return self._select(scope)
-        path = str(scope.get("path", ""))
+        if not self.routes:
+            return self.limiter
         for prefix, limiter in self.routes:
             if path.startswith(prefix):
                 return limiter
         return self.limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # This runs for every request: keep it to a few attribute reads and calls.
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -173,24 +183,59 @@ class LoadShedMiddleware:
         if content_length is not None and content_length > self.max_body_bytes:
             await self._send_too_large(send)
             return
-        deadline = limiter.clock.now() + timeout if timeout is not None else None
-        try:
-            entry = limiter.enter(priority=priority, deadline=deadline)
-        except Rejected as rejected:
-            await self._send_rejection(send, rejected)
-            return
+        now = limiter.admission.now
+        deadline = None if timeout is None else now() + timeout
+        reader: asyncio.Task[None] | None = None
+        # A free slot first (the common case), straight from the core; else queue.
+        token = limiter.admission.grant_now(priority=priority, deadline=deadline)
+        if token is None:
+            try:
+                entry = limiter.enter(priority=priority, deadline=deadline)
+            except Rejected as rejected:
+                await self._send_rejection(send, rejected)
+                return
+            if isinstance(entry, Token):
+                token = entry
+            else:
+                queued = await self._wait_in_queue(entry, receive, send)
+                if queued is None:
+                    return
+                token, receive, reader = queued
 
-        if isinstance(entry, Token):
-            await self._run_app(scope, receive, send, entry, deadline)
-            return
-        queued = await self._wait_in_queue(entry, receive, send)
-        if queued is None:
-            return
-        token, app_receive, reader = queued
+        scope["loadshed.token"] = token  # lets the app record its own outcome first
+        status = 0
+        server_timing = self.server_timing
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if server_timing:
+                    app_ms = (now() - token.admitted_at) * 1000.0
+                    timing = b"queue;dur=%.1f, app;dur=%.1f" % (token.queue_wait * 1000.0, app_ms)
+                    headers = list(message.get("headers", ()))
+                    headers.append((b"server-timing", timing))
+                    message = dict(message)
+                    message["headers"] = headers
+            await send(message)
+
         try:
-            await self._run_app(scope, app_receive, send, token, deadline)
+            await self.app(scope, receive, send_wrapper)
+        except asyncio.CancelledError:
+            token.release(Outcome.IGNORED)
+            raise
+        except BaseException:
+            token.release(Outcome.DROPPED)  # the server answers 500
+            raise
         finally:
-            reader.cancel()
+            if reader is not None:
+                reader.cancel()
+        if status >= 500 or (deadline is not None and now() > deadline):
+            token.release(Outcome.DROPPED)
+        elif 400 <= status < 500 or status == 0:
+            token.release(Outcome.IGNORED)
+        else:
+            token.release(Outcome.SUCCESS)
 
     # ----------------------------------------------------------------- parts
 
@@ -199,15 +244,10 @@ class LoadShedMiddleware:
         priority = Priority.DEFAULT
         content_length: int | None = None
         deadline_header, grpc_header = self._deadline_header, self._grpc_header
-        priority_header = self._priority_header
+        priority_header, watched = self._priority_header, self._watched_headers
         for name, raw_value in scope.get("headers", ()):
             # ASGI servers give header names in lower case (the spec requires it).
-            if (
-                name != b"content-length"
-                and name != deadline_header
-                and name != grpc_header
-                and name != priority_header
-            ):
+            if name not in watched:
                 continue
             try:
                 if name == deadline_header:
@@ -236,65 +276,31 @@ class LoadShedMiddleware:
         (client gone, rejected, body too large).
         """
         body = _BodyReader(receive, self.max_body_bytes)
-        reader = asyncio.ensure_future(body.read())
-        either: list[asyncio.Future[Any]] = [waiting.future, reader]
+
+        def reader_stopped() -> None:
+            # The client left or sent too much: leave the queue at once (a no-op if
+            # the token was granted first; the app then sees the disconnect itself).
+            waiting.leave(RejectReason.LIMIT if body.too_large else RejectReason.CLIENT_GONE)
+
+        body.on_stop = reader_stopped
+        reader = asyncio.get_running_loop().create_task(body.read())
         try:
-            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            # One future to wait on: granted, rejected by the limiter, or left via the reader.
+            token = await waiting.future
         except asyncio.CancelledError:
             waiting.cancel()
             reader.cancel()
             raise
-        if not waiting.future.done():
-            # The reader stopped first: the client left or sent too much.
-            if body.too_large:
-                waiting.cancel(RejectReason.LIMIT)
-                await self._send_too_large(send)
-            else:
-                waiting.cancel(RejectReason.CLIENT_GONE)
-            return None
-        try:
-            token = waiting.future.result()
         except Rejected as rejected:
             reader.cancel()
-            await self._send_rejection(send, rejected)
+            if rejected.reason is RejectReason.CLIENT_GONE:
+                return None
+            if body.too_large and rejected.reason is RejectReason.LIMIT:
+                await self._send_too_large(send)
+            else:
+                await self._send_rejection(send, rejected)
             return None
         return token, body.replay, reader
-
-    async def _run_app(
-        self, scope: Scope, receive: Receive, send: Send, token: Token, deadline: float | None
-    ) -> None:
-        clock = token._admission.clock
-        scope["loadshed.token"] = token  # lets the app record its own outcome first
-        status = 0
-        queue_ms = token.queue_wait * 1000.0
-
-        server_timing = self.server_timing
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                if server_timing:
-                    app_ms = (clock.now() - token.admitted_at) * 1000.0
-                    timing = b"queue;dur=%.1f, app;dur=%.1f" % (queue_ms, app_ms)
-                    message = {**message, "headers": [*message.get("headers", ()),
-                                                       (b"server-timing", timing)]}  # fmt: skip
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        except asyncio.CancelledError:
-            token.release(Outcome.IGNORED)
-            raise
-        except BaseException:
-            token.release(Outcome.DROPPED)  # the server answers 500
-            raise
-        if status >= 500 or (deadline is not None and clock.now() > deadline):
-            token.release(Outcome.DROPPED)
-        elif 400 <= status < 500 or status == 0:
-            token.release(Outcome.IGNORED)
-        else:
-            token.release(Outcome.SUCCESS)
 
     async def _send_rejection(self, send: Send, rejected: Rejected) -> None:
         body = self._reject_bodies[rejected.reason]
@@ -346,24 +352,33 @@ class _BodyReader:
         self.size = 0
         self.too_large = False
         self.stopped = False
+        self.on_stop: Callable[[], None] | None = None
+        """Called once when reading stops (disconnect or body over the bound)."""
         self._index = 0
 
     async def read(self) -> None:
-        """Read until ``http.disconnect`` or a body over the bound."""
+        """Read until ``http.disconnect`` or a body over the bound, then call ``on_stop``.
+
+        A failing ``receive`` counts as a disconnect: nothing more can be watched.
+        """
         try:
             while True:
                 message = await self._receive()
                 self.messages.append(message)
                 if message["type"] == "http.disconnect":
-                    return
+                    break
                 self.size += len(message.get("body", b""))
                 if self.size > self._max_bytes:
                     self.too_large = True
-                    return
+                    break
                 self._arrived.set()
-        finally:
+        except Exception:
+            pass  # the server's own error handling reports it; here it ends the watch
+        finally:  # also on cancellation, so a replay never waits forever
             self.stopped = True
             self._arrived.set()
+        if self.on_stop is not None:
+            self.on_stop()
 
     async def replay(self) -> Message:
         """The app's receive: buffered messages in order, waiting for the next if needed."""

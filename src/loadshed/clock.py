@@ -4,9 +4,10 @@ code runs in real time and in the simulator's virtual time without sleeping."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-__all__ = ["MONOTONIC", "Clock", "MonotonicClock", "VirtualClock"]
+__all__ = ["MONOTONIC", "Clock", "MonotonicClock", "VirtualClock", "reader"]
 
 
 @runtime_checkable
@@ -29,6 +30,15 @@ class MonotonicClock:
 
 MONOTONIC = MonotonicClock()
 """The shared real-time clock."""
+
+
+def reader(clock: Clock) -> Callable[[], float]:
+    """A callable that reads ``clock``, for hot paths that read it on every request.
+
+    For the real clock it is :func:`time.monotonic` itself, one Python call fewer
+    per read than ``clock.now``.
+    """
+    return time.monotonic if type(clock) is MonotonicClock else clock.now
 
 
 class VirtualClock:

@@ -195,6 +195,15 @@ class Waiting:
             self.cancel()
             raise
 
+    def leave(self, reason: RejectReason) -> bool:
+        """Leave the queue if still queued: count ``reason`` and end the wait with
+        ``Rejected(reason)``. Returns False (and does nothing) once granted or rejected."""
+        if not self._admission.cancel(self.ticket, reason):
+            return False
+        if not self.future.done():
+            self.future.set_exception(Rejected(reason, 0.0))
+        return True
+
     def cancel(self, reason: RejectReason = RejectReason.CLIENT_GONE) -> None:
         """Leave the queue (``reason`` is counted); a token granted meanwhile is released."""
         if self._admission.cancel(self.ticket, reason):

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import abc
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from loadshed.errors import ConfigError
 
 __all__ = ["LimitAlgorithm", "Sample", "Windowed", "check_bounds"]
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(NamedTuple):
     """One admitted request's outcome, reported when its token is released.
 
     rtt: seconds from admission to release (service time as the limiter sees it).
@@ -25,6 +24,10 @@ class Sample:
     now: clock time at release, in seconds.
     queued: requests waiting for admission at release (0 if unknown): demand beyond
         the limit, which tells an algorithm the limit is binding.
+
+    A named tuple (immutable, like a frozen dataclass) because one is built per
+    released request: on CPython 3.11 a frozen dataclass took ~1 us to build, a
+    named tuple ~0.3 us.
     """
 
     rtt: float
