@@ -335,9 +335,11 @@ class Admission:
         if self._can_admit(priority) and not self._waiting_at_or_above(priority):
             return self._grant(priority, deadline, now, enqueued_at=now)
 
-        ahead = self._waiting_at_or_above(priority)
-        service_mean, service_high = self.service.mean, self.service.high
+        # The high service-time percentile sorts a window: read it only for a deadline.
+        service_high = self.service.high if deadline is not None else None
+        service_mean = self.service.mean
         if deadline is not None and service_mean is not None and service_high is not None:
+            ahead = self._waiting_at_or_above(priority)
             expected_wait = (ahead + 1) / max(1, self.limit) * service_mean
             if now + expected_wait + service_high > deadline:
                 raise self._refuse(RejectReason.DEADLINE, 0.0)
@@ -586,8 +588,10 @@ class Admission:
                 ticket = self._next_ticket()
                 if ticket is None:
                     break
-                service_high = self.service.high
-                if ticket.deadline is not None and now + (service_high or 0.0) > ticket.deadline:
+                if (
+                    ticket.deadline is not None
+                    and now + (self.service.high or 0.0) > ticket.deadline
+                ):
                     self._evict(ticket, RejectReason.DEADLINE, now)
                     continue
                 ticket._state = _State.GRANTED

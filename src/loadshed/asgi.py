@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -67,6 +68,10 @@ class LoadShedMiddleware:
         default_timeout: deadline in seconds for requests that send none.
         deadline_header / grpc_timeout_header / priority_header: header names.
         server_timing: add the ``Server-Timing`` response header.
+        disconnect_watch_after: seconds a request waits in the queue before its
+            connection is watched for a disconnect (and its body buffered); 0 watches
+            at once. Default 5 ms: most waits on a busy but healthy server are shorter,
+            and watching costs a task per request.
         limiter_options: keyword arguments for limiters the middleware builds.
         metrics: export every limiter here to this :class:`LoadshedMetrics`.
         metrics_path: serve those metrics at this exact path (never limited);
@@ -89,6 +94,7 @@ class LoadShedMiddleware:
         grpc_timeout_header: str = "grpc-timeout",
         priority_header: str = "x-priority",
         server_timing: bool = True,
+        disconnect_watch_after: float = 0.005,
         limiter_options: Mapping[str, Any] | None = None,
         metrics: LoadshedMetrics | None = None,
         metrics_path: str | None = None,
@@ -97,6 +103,10 @@ class LoadShedMiddleware:
             raise ConfigError("reject_status", f"got {reject_status}, allowed: 429|503")
         if max_body_bytes < 0:
             raise ConfigError("max_body_bytes", f"must be >= 0, got {max_body_bytes}")
+        if not disconnect_watch_after >= 0:
+            raise ConfigError(
+                "disconnect_watch_after", f"must be >= 0 seconds, got {disconnect_watch_after}"
+            )
         if default_timeout is not None and default_timeout <= 0:
             raise ConfigError("default_timeout", f"must be > 0 seconds, got {default_timeout}")
         options = dict(limiter_options or {})
@@ -130,6 +140,8 @@ class LoadShedMiddleware:
             (b"content-length", self._deadline_header, self._grpc_header, self._priority_header)
         )
         self.server_timing = server_timing
+        self.disconnect_watch_after = disconnect_watch_after
+        self._watch_later = _Later(disconnect_watch_after)
         self.malformed_headers: dict[str, int] = {}
         """Counts of malformed header values seen, by header name."""
         if metrics_path is not None and metrics is None:
@@ -213,10 +225,9 @@ class LoadShedMiddleware:
                 if server_timing:
                     app_ms = (now() - token.admitted_at) * 1000.0
                     timing = b"queue;dur=%.1f, app;dur=%.1f" % (token.queue_wait * 1000.0, app_ms)
-                    headers = list(message.get("headers", ()))
-                    headers.append((b"server-timing", timing))
-                    message = dict(message)
-                    message["headers"] = headers
+                    # A new header list (the app may reuse its own), in the app's message:
+                    # ASGI messages are built per send, as Starlette's middleware assume.
+                    message["headers"] = [*message.get("headers", ()), (b"server-timing", timing)]
             await send(message)
 
         try:
@@ -268,38 +279,61 @@ class LoadShedMiddleware:
 
     async def _wait_in_queue(
         self, waiting: Waiting, receive: Receive, send: Send
-    ) -> tuple[Token, Receive, asyncio.Task[None]] | None:
-        """Wait for a token while buffering the body and watching for a disconnect.
+    ) -> tuple[Token, Receive, asyncio.Task[None] | None] | None:
+        """Wait for a token, watching for a disconnect once the wait is not short.
 
-        Returns the token, the receive callable to give the app and the reader task
-        (to cancel when the request ends), or None when the request ended here
-        (client gone, rejected, body too large).
+        Returns the token, the receive callable to give the app and the body reader
+        task (to cancel when the request ends; None if the wait ended before watching
+        began), or None when the request ended here (client gone, rejected, body too
+        large).
+
+        Watching costs a task per request, several times what admitting one costs, and
+        pays off only for waits long enough for a client to give up in: so it starts
+        after ``disconnect_watch_after`` seconds in the queue (at once when 0).
         """
-        body = _BodyReader(receive, self.max_body_bytes)
+        loop = asyncio.get_running_loop()
+        future = waiting.future
+        body: _BodyReader | None = None
+        reader: asyncio.Task[None] | None = None
 
         def reader_stopped() -> None:
             # The client left or sent too much: leave the queue at once (a no-op if
             # the token was granted first; the app then sees the disconnect itself).
+            assert body is not None
             waiting.leave(RejectReason.LIMIT if body.too_large else RejectReason.CLIENT_GONE)
 
-        body.on_stop = reader_stopped
-        reader = asyncio.get_running_loop().create_task(body.read())
+        def start_watching() -> None:
+            nonlocal body, reader
+            if future.done():
+                return
+            body = _BodyReader(receive, self.max_body_bytes)
+            body.on_stop = reader_stopped
+            reader = loop.create_task(body.read())
+
+        if self.disconnect_watch_after > 0:
+            self._watch_later.add(loop, start_watching)
+        else:
+            start_watching()
         try:
             # One future to wait on: granted, rejected by the limiter, or left via the reader.
-            token = await waiting.future
+            token = await future
         except asyncio.CancelledError:
             waiting.cancel()
-            reader.cancel()
+            if reader is not None:
+                reader.cancel()
             raise
         except Rejected as rejected:
-            reader.cancel()
+            if reader is not None:
+                reader.cancel()
             if rejected.reason is RejectReason.CLIENT_GONE:
                 return None
-            if body.too_large and rejected.reason is RejectReason.LIMIT:
+            if body is not None and body.too_large and rejected.reason is RejectReason.LIMIT:
                 await self._send_too_large(send)
             else:
                 await self._send_rejection(send, rejected)
             return None
+        if body is None:
+            return token, receive, None  # granted before watching began: nothing was read
         return token, body.replay, reader
 
     async def _send_rejection(self, send: Send, rejected: Rejected) -> None:
@@ -334,6 +368,44 @@ class LoadShedMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class _Later:
+    """Runs callbacks ``delay`` seconds after they were added, on one timer for all.
+
+    One ``call_later`` per queued request costs more than admitting it (a timer
+    handle, heap operations, a cancel); callbacks added in order are due in order,
+    so a deque and a single timer at the oldest due time do the same job.
+    """
+
+    __slots__ = ("_delay", "_loop", "_pending", "_timer")
+
+    def __init__(self, delay: float) -> None:
+        self._delay = delay
+        self._pending: deque[tuple[float, Callable[[], None]]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on ``loop``) once ``delay`` seconds have passed."""
+        if loop is not self._loop:  # a new loop (tests, a restarted server): start afresh
+            self._pending.clear()
+            self._timer = None
+            self._loop = loop
+        due = loop.time() + self._delay
+        self._pending.append((due, callback))
+        if self._timer is None:
+            self._timer = loop.call_at(due, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        loop, pending = self._loop, self._pending
+        assert loop is not None
+        now = loop.time()
+        while pending and pending[0][0] <= now:
+            pending.popleft()[1]()
+        if pending:
+            self._timer = loop.call_at(pending[0][0], self._fire)
 
 
 class _BodyReader:
