@@ -123,9 +123,19 @@ async def test_429_is_configurable(gate: Gate) -> None:
             (await first).release()
 
 
-async def test_queued_body_is_buffered_and_replayed_intact(gate: Gate) -> None:
+@pytest.mark.parametrize(
+    ("watch_after", "queued_for"),
+    [
+        (0.0, 0.0),  # watched (body buffered) from the start
+        (0.005, 0.2),  # watched once the wait passed 5 ms: buffered mid-way
+        (30.0, 0.0),  # granted before watching began: the app reads the server's receive
+    ],
+)
+async def test_queued_body_is_buffered_and_replayed_intact(
+    gate: Gate, watch_after: float, queued_for: float
+) -> None:
     limiter = Limiter(Fixed(1), max_queue_wait=30)
-    _app, server = run_server(gate, limiter)
+    _app, server = run_server(gate, limiter, disconnect_watch_after=watch_after)
     payload = b"abcdefgh" * 10_000
     with server as url:
         async with aiohttp.ClientSession() as session:
@@ -134,6 +144,7 @@ async def test_queued_body_is_buffered_and_replayed_intact(gate: Gate) -> None:
             posted = asyncio.ensure_future(session.post(f"{url}/echo", data=payload))
             while limiter.queue_length < 1:
                 await asyncio.sleep(0.005)
+            await asyncio.sleep(queued_for)
             gate.release.set()
             resp = await posted
             assert resp.status == 200
@@ -246,3 +257,5 @@ def test_bad_configuration_fails_at_start() -> None:
         LoadShedMiddleware(build_app(Gate()), reject_status=500)
     with pytest.raises(ConfigError, match="limit"):
         LoadShedMiddleware(build_app(Gate()), limit="turbo")
+    with pytest.raises(ConfigError, match="disconnect_watch_after"):
+        LoadShedMiddleware(build_app(Gate()), disconnect_watch_after=-1)
