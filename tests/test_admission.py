@@ -359,3 +359,25 @@ def test_clock_reader_is_monotonic_itself_for_the_real_clock_and_follows_a_virtu
     read = reader(virtual)
     virtual.advance(1.5)
     assert read() == 6.5
+
+
+@pytest.mark.parametrize("discipline", ["fifo", "lifo"])
+def test_a_queue_full_in_time_refuses_at_once_in_fifo(discipline: str) -> None:
+    # limit 2, 1 s per request, wait bound 1 s: two queued requests already fill the
+    # bound (2 / 2 x 1 s), so a third would only time out in a FIFO queue.
+    adm, _, clock = make(limit=2, initial_service_time=1.0, discipline=discipline)
+    rec = Recorder()
+    held = [rec.submit(adm, f"run{i}") for i in range(2)]
+    assert all(isinstance(token, Token) for token in held)
+    assert isinstance(rec.submit(adm, "q1"), Ticket)
+    assert isinstance(rec.submit(adm, "q2"), Ticket)
+    if discipline == "fifo":
+        with pytest.raises(Rejected) as info:
+            rec.submit(adm, "q3")
+        assert info.value.reason is RejectReason.LIMIT
+        assert adm.counts["rejected:limit"] == 1
+    else:  # LIFO serves the newest first: its wait does not grow with the queue
+        assert isinstance(rec.submit(adm, "q3"), Ticket)
+    assert clock.now() == 0.0  # refused without waiting
+    critical = rec.submit(adm, "vip", priority=Priority.CRITICAL)
+    assert isinstance(critical, Ticket)  # nothing critical is ahead of it

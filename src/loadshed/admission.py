@@ -180,7 +180,10 @@ class Admission:
         max_queue: most requests waiting at once (0: no queue, refuse when full).
         max_queue_wait: longest wait in the queue in seconds; None (default) means
             one estimated service time, so a queued request waits at most about as
-            long as it will then run.
+            long as it will then run. With ``fifo``, a request that finds enough
+            work ahead of it to fill this wait (queued ahead / limit x mean service
+            time >= max_queue_wait) is refused at once (``limit``) rather than
+            queued to time out.
         discipline: ``fifo`` (default), ``lifo`` (newest first), or ``codel``
             (FIFO, switching to LIFO with a short queue timeout while the minimum
             queue wait over ``codel_interval`` exceeds ``codel_target``).
@@ -344,13 +347,24 @@ class Admission:
             if now + expected_wait + service_high > deadline:
                 raise self._refuse(RejectReason.DEADLINE, 0.0)
 
+        max_wait = self._max_wait()
+        if (
+            self.discipline == "fifo"
+            and service_mean is not None
+            and self._waiting_at_or_above(priority) / max(1, self.limit) * service_mean
+            >= max_wait
+        ):
+            # The queue is full in time: what is ahead alone takes the whole wait
+            # bound, so this request would only time out in the queue. Refusing now
+            # answers the client at once instead of after max_wait.
+            raise self._refuse(RejectReason.LIMIT, 0.0)
+
         if self._queued >= self.max_queue:
             victim = self._least_critical_below(priority)
             if victim is None:
                 raise self._refuse(RejectReason.LIMIT, 0.0)
             self._evict(victim, RejectReason.PRIORITY, now)
 
-        max_wait = self._max_wait()
         wait_expiry = now + max_wait
         expiry = wait_expiry
         if deadline is not None:
