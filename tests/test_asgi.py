@@ -176,6 +176,37 @@ async def test_disconnect_while_queued_leaves_the_queue_at_once(gate: Gate) -> N
     assert gate.calls == ["holder"]
 
 
+async def test_client_leaving_after_admission_is_a_drop_and_a_lesson_in_patience(
+    gate: Gate,
+) -> None:
+    limiter = Limiter(Fixed(2))
+    _app, server = run_server(gate, limiter)
+    with server as url:
+        async with aiohttp.ClientSession() as impatient:
+            running = asyncio.ensure_future(impatient.get(f"{url}/slow?id=gone"))
+            await wait_entered(gate)
+            await asyncio.sleep(0.1)  # past disconnect_watch_after: watched
+            running.cancel()
+        await asyncio.sleep(0.1)
+        assert limiter.inflight == 1  # the app still works on it: the slot stays held
+        gate.release.set()
+        for _ in range(400):
+            if limiter.inflight == 0:
+                break
+            await asyncio.sleep(0.005)
+        counts = limiter.snapshot().counts
+        assert counts["dropped"] == 1 and counts["success"] == 0
+        assert limiter.admission.patience.samples == 1
+        # An answered request is a success, its connection's later close notwithstanding.
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/echo", data=b"x" * 50_000) as resp:
+                assert resp.status == 200
+                assert await resp.json() == {"length": 50_000, "head": "xxxxxxxx"}
+        await asyncio.sleep(0.05)
+        assert limiter.snapshot().counts["success"] == 1
+        assert limiter.snapshot().counts["dropped"] == 1
+
+
 async def test_content_length_over_bound_gets_413_without_admission(gate: Gate) -> None:
     limiter = Limiter(Fixed(1))
     _app, server = run_server(gate, limiter, max_body_bytes=100)

@@ -230,8 +230,10 @@ async def test_client_leaving_holds_the_slot_until_the_upstream_answers() -> Non
         while limiter.inflight and time.monotonic() - started < 5:
             await asyncio.sleep(0.02)
         assert 0.9 <= time.monotonic() - started < 3.0
-        # The upstream answered 200 after its full work: a true service-time sample.
-        assert limiter.snapshot().counts.get("success") == 1
+        # The upstream answered 200 after its full work, to nobody: the client gave up,
+        # a missed deadline for the limit (dropped), and a lesson in its patience.
+        assert limiter.snapshot().counts.get("dropped") == 1
+        assert limiter.admission.patience.samples == 1
         assert not recorder.disconnected.is_set()
 
 

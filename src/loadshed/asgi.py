@@ -9,8 +9,9 @@ Each HTTP request is admitted, queued or refused by a :class:`Limiter`:
 - while queued, the request body is read (bounded) and the connection watched: a
   client that disconnects leaves the queue at once (``client_gone``) and teaches
   the limiter its patience; once admitted the app gets the buffered body replayed;
-- after the app answers, the outcome goes back to the limit: 5xx and answers past
-  the request's deadline are drops, 4xx are ignored, the rest are successes;
+- after the app answers, the outcome goes back to the limit: 5xx, answers past
+  the request's deadline and answers to a client that already left are drops,
+  4xx are ignored, the rest are successes;
 - ``Server-Timing: queue;dur=..., app;dur=...`` tells the client where time went.
 
 The app finds its token in ``scope["loadshed.token"]`` and may release it first
@@ -26,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections import deque
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -68,10 +69,12 @@ class LoadShedMiddleware:
         default_timeout: deadline in seconds for requests that send none.
         deadline_header / grpc_timeout_header / priority_header: header names.
         server_timing: add the ``Server-Timing`` response header.
-        disconnect_watch_after: seconds a request waits in the queue before its
-            connection is watched for a disconnect (and its body buffered); 0 watches
-            at once. Default 5 ms: most waits on a busy but healthy server are shorter,
-            and watching costs a task per request.
+        disconnect_watch_after: seconds a request lasts (queued or running) before
+            its connection is watched for a disconnect; 0 watches from the next loop
+            iteration. Default 5 ms: most requests to a busy but healthy server end
+            sooner, and watching costs a task per request. A client that leaves
+            while queued leaves the queue (``client_gone``); one that leaves while
+            the app works makes the request a drop, and both teach the patience.
         limiter_options: keyword arguments for limiters the middleware builds.
         metrics: export every limiter here to this :class:`LoadshedMetrics`.
         metrics_path: serve those metrics at this exact path (never limited);
@@ -137,11 +140,17 @@ class LoadShedMiddleware:
         self._grpc_header = grpc_timeout_header.lower().encode("latin-1")
         self._priority_header = priority_header.lower().encode("latin-1")
         self._watched_headers = frozenset(
-            (b"content-length", self._deadline_header, self._grpc_header, self._priority_header)
+            (
+                b"content-length",
+                b"transfer-encoding",
+                self._deadline_header,
+                self._grpc_header,
+                self._priority_header,
+            )
         )
         self.server_timing = server_timing
         self.disconnect_watch_after = disconnect_watch_after
-        self._watch_later = _Later(disconnect_watch_after)
+        self._watches = _Watches(disconnect_watch_after)
         self.malformed_headers: dict[str, int] = {}
         """Counts of malformed header values seen, by header name."""
         if metrics_path is not None and metrics is None:
@@ -191,13 +200,15 @@ class LoadShedMiddleware:
             await self.app(scope, receive, send)
             return
 
-        timeout, priority, content_length = self._read_headers(scope)
+        timeout, priority, content_length, has_body = self._read_headers(scope)
         if content_length is not None and content_length > self.max_body_bytes:
             await self._send_too_large(send)
             return
         now = limiter.admission.now
         deadline = None if timeout is None else now() + timeout
-        reader: asyncio.Task[None] | None = None
+        # Watches the connection once the request has lasted disconnect_watch_after,
+        # queued or running; the app reads its messages through it.
+        watch = _Watch(receive, self.max_body_bytes, has_body)
         # A free slot first (the common case), straight from the core; else queue.
         token = limiter.admission.grant_now(priority=priority, deadline=deadline)
         if token is None:
@@ -208,11 +219,13 @@ class LoadShedMiddleware:
                 return
             if isinstance(entry, Token):
                 token = entry
+                self._watches.add(watch)
             else:
-                queued = await self._wait_in_queue(entry, receive, send)
-                if queued is None:
+                token = await self._wait_in_queue(entry, watch, send)
+                if token is None:
                     return
-                token, receive, reader = queued
+        else:
+            self._watches.add(watch)
 
         scope["loadshed.token"] = token  # lets the app record its own outcome first
         status = 0
@@ -228,10 +241,12 @@ class LoadShedMiddleware:
                     # A new header list (the app may reuse its own), in the app's message:
                     # ASGI messages are built per send, as Starlette's middleware assume.
                     message["headers"] = [*message.get("headers", ()), (b"server-timing", timing)]
+            elif not message.get("more_body", False):
+                watch.answered = True  # a disconnect from here on is the normal end
             await send(message)
 
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, watch.receive, send_wrapper)
         except asyncio.CancelledError:
             token.release(Outcome.IGNORED)
             raise
@@ -239,9 +254,13 @@ class LoadShedMiddleware:
             token.release(Outcome.DROPPED)  # the server answers 500
             raise
         finally:
-            if reader is not None:
-                reader.cancel()
-        if status >= 500 or (deadline is not None and now() > deadline):
+            self._watches.finish(watch)
+        if watch.gone:
+            # The client left while the app worked: the answer reached nobody. An
+            # overload sign for the limit, and a give-up that teaches patience.
+            token.release(Outcome.DROPPED)
+            limiter.client_gave_up(now() - token.admitted_at + token.queue_wait)
+        elif status >= 500 or (deadline is not None and now() > deadline):
             token.release(Outcome.DROPPED)
         elif 400 <= status < 500 or status == 0:
             token.release(Outcome.IGNORED)
@@ -250,10 +269,12 @@ class LoadShedMiddleware:
 
     # ----------------------------------------------------------------- parts
 
-    def _read_headers(self, scope: Scope) -> tuple[float | None, Priority, int | None]:
+    def _read_headers(self, scope: Scope) -> tuple[float | None, Priority, int | None, bool]:
+        """Deadline timeout, priority, Content-Length and whether a body follows."""
         timeout = self.default_timeout
         priority = Priority.DEFAULT
         content_length: int | None = None
+        chunked = False
         deadline_header, grpc_header = self._deadline_header, self._grpc_header
         priority_header, watched = self._priority_header, self._watched_headers
         for name, raw_value in scope.get("headers", ()):
@@ -269,72 +290,54 @@ class LoadShedMiddleware:
                     priority = parse_priority(raw_value.decode("latin-1"), name.decode())
                 elif name == b"content-length":
                     content_length = int(raw_value)
+                elif name == b"transfer-encoding":
+                    chunked = True
             except HeaderError as error:
                 self.malformed_headers[error.header] = (
                     self.malformed_headers.get(error.header, 0) + 1
                 )
             except ValueError:
                 pass  # a bad Content-Length is the server's business, not ours
-        return timeout, priority, content_length
+        has_body = chunked or (content_length is not None and content_length > 0)
+        return timeout, priority, content_length, has_body
 
-    async def _wait_in_queue(
-        self, waiting: Waiting, receive: Receive, send: Send
-    ) -> tuple[Token, Receive, asyncio.Task[None] | None] | None:
-        """Wait for a token, watching for a disconnect once the wait is not short.
+    async def _wait_in_queue(self, waiting: Waiting, watch: _Watch, send: Send) -> Token | None:
+        """Wait for a token, leaving the queue at once if the client goes.
 
-        Returns the token, the receive callable to give the app and the body reader
-        task (to cancel when the request ends; None if the wait ended before watching
-        began), or None when the request ended here (client gone, rejected, body too
-        large).
-
-        Watching costs a task per request, several times what admitting one costs, and
-        pays off only for waits long enough for a client to give up in: so it starts
-        after ``disconnect_watch_after`` seconds in the queue (at once when 0).
+        Returns the token, or None when the request ended here (client gone,
+        rejected, body too large). Watching begins after ``disconnect_watch_after``
+        (it costs a task per request, several times an admission, and most waits on
+        a busy but healthy server are shorter); while queued, the watch's reader
+        buffers the body (bounded) for the app.
         """
-        loop = asyncio.get_running_loop()
-        future = waiting.future
-        body: _BodyReader | None = None
-        reader: asyncio.Task[None] | None = None
 
-        def reader_stopped() -> None:
+        def watch_stopped() -> None:
             # The client left or sent too much: leave the queue at once (a no-op if
-            # the token was granted first; the app then sees the disconnect itself).
-            assert body is not None
-            waiting.leave(RejectReason.LIMIT if body.too_large else RejectReason.CLIENT_GONE)
+            # the token was granted first; then the request ends as the app sees fit).
+            waiting.leave(RejectReason.LIMIT if watch.too_large else RejectReason.CLIENT_GONE)
 
-        def start_watching() -> None:
-            nonlocal body, reader
-            if future.done():
-                return
-            body = _BodyReader(receive, self.max_body_bytes)
-            body.on_stop = reader_stopped
-            reader = loop.create_task(body.read())
-
-        if self.disconnect_watch_after > 0:
-            self._watch_later.add(loop, start_watching)
-        else:
-            start_watching()
+        watch.on_stop = watch_stopped
+        watch.queued = True
+        self._watches.add(watch)
         try:
-            # One future to wait on: granted, rejected by the limiter, or left via the reader.
-            token = await future
+            # One future to wait on: granted, rejected by the limiter, or left via the watch.
+            token = await waiting.future
         except asyncio.CancelledError:
             waiting.cancel()
-            if reader is not None:
-                reader.cancel()
+            self._watches.finish(watch)
             raise
         except Rejected as rejected:
-            if reader is not None:
-                reader.cancel()
+            self._watches.finish(watch)
             if rejected.reason is RejectReason.CLIENT_GONE:
                 return None
-            if body is not None and body.too_large and rejected.reason is RejectReason.LIMIT:
+            if watch.too_large and rejected.reason is RejectReason.LIMIT:
                 await self._send_too_large(send)
             else:
                 await self._send_rejection(send, rejected)
             return None
-        if body is None:
-            return token, receive, None  # granted before watching began: nothing was read
-        return token, body.replay, reader
+        watch.on_stop = None
+        watch.queued = False
+        return token
 
     async def _send_rejection(self, send: Send, rejected: Rejected) -> None:
         body = self._reject_bodies[rejected.reason]
@@ -370,42 +373,130 @@ class LoadShedMiddleware:
         await send({"type": "http.response.body", "body": body})
 
 
-class _Later:
-    """Runs callbacks ``delay`` seconds after they were added, on one timer for all.
+class _Watch:
+    """One request's connection: hands the app its messages and notices a disconnect.
 
-    One ``call_later`` per queued request costs more than admitting it (a timer
-    handle, heap operations, a cancel); callbacks added in order are due in order,
-    so a deque and a single timer at the oldest due time do the same job.
+    Until :meth:`start`, the app's ``receive`` goes straight to the server's. Once
+    started (the request lasted ``disconnect_watch_after``), a :class:`_BodyReader`
+    task owns the server's ``receive`` and sees ``http.disconnect``; the app reads
+    through its replay. While queued, the reader buffers the body (bounded). Once
+    admitted, watching waits until the app has read the body itself, so an upload
+    to a slow app keeps the server's flow control rather than filling a buffer.
+    A disconnect before the answer was sent sets :attr:`gone`.
     """
 
-    __slots__ = ("_delay", "_loop", "_pending", "_timer")
+    # Defaults live on the class and no __slots__: a request that ends before its
+    # watch begins (most of them) sets three attributes, not twelve.
+    _body: _BodyReader | None = None
+    _reader: asyncio.Task[None] | None = None
+    _inside = 0  # app calls in the server's receive right now
+    _due = False  # start() came while it could not begin
+    _stopped = False
+    queued = False
+    """Waiting in the queue: the reader may buffer the body."""
+    answered = False
+    """The last body message was sent: later disconnects are the normal end."""
+    gone = False
+    """The client disconnected before the answer was complete."""
+    on_stop: Callable[[], None] | None = None
+    """Called when the reader stops (disconnect or body over the bound)."""
+
+    def __init__(self, receive: Receive, max_bytes: int, has_body: bool) -> None:
+        self._receive = receive
+        self._max_bytes = max_bytes
+        self._body_unread = has_body  # the app has not read the whole body yet
+        self.since = time.monotonic()
+        """When the request arrived (time.monotonic)."""
+
+    @property
+    def too_large(self) -> bool:
+        """The body went over the bound while being buffered."""
+        return self._body is not None and self._body.too_large
+
+    def start(self) -> None:
+        """Begin watching (a no-op once the request ended or while the app itself is
+        waiting in the server's receive: then it sees the disconnect first-hand)."""
+        if self._stopped or self._reader is not None:
+            return
+        if self._inside or (self._body_unread and not self.queued):
+            self._due = True  # begin when the app is done reading
+            return
+        body = _BodyReader(self._receive, self._max_bytes)
+        body.on_stop = self._reader_stopped
+        self._body = body
+        self._reader = asyncio.get_running_loop().create_task(body.read())
+
+    async def receive(self) -> Message:
+        """The app's ``receive``."""
+        if self._body is not None:
+            return await self._body.replay()
+        self._inside += 1
+        try:
+            message = await self._receive()
+        finally:
+            self._inside -= 1
+        if message["type"] == "http.disconnect":
+            self.gone = not self.answered
+        elif not message.get("more_body", False):
+            self._body_unread = False
+            if self._due:
+                self.start()
+        return message
+
+    def _reader_stopped(self) -> None:
+        body = self._body
+        assert body is not None
+        if body.messages and body.messages[-1]["type"] == "http.disconnect" and not self.answered:
+            self.gone = True
+        if self.on_stop is not None:
+            self.on_stop()
+
+
+class _Watches:
+    """Requests in progress; starts watching those that have lasted ``delay``.
+
+    A timer per request costs more than admitting it (a timer handle, heap
+    operations, a cancel). Here a request costs a set insertion and removal, and
+    one timer sweeps every ``delay`` seconds while any request is in progress,
+    starting the watch of those that have lasted ``delay`` (so a watch begins
+    between ``delay`` and twice that after the request arrived).
+    """
+
+    __slots__ = ("_active", "_delay", "_loop", "_timer")
 
     def __init__(self, delay: float) -> None:
         self._delay = delay
-        self._pending: deque[tuple[float, Callable[[], None]]] = deque()
+        self._active: set[_Watch] = set()
         self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def add(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (on ``loop``) once ``delay`` seconds have passed."""
-        if loop is not self._loop:  # a new loop (tests, a restarted server): start afresh
-            self._pending.clear()
-            self._timer = None
+    def add(self, watch: _Watch) -> None:
+        """Watch this request's connection once it has lasted ``delay``."""
+        if self._delay == 0:
+            watch.start()
+            return
+        self._active.add(watch)
+        loop = asyncio.get_running_loop()
+        if self._timer is None or loop is not self._loop:  # none yet, or a new loop
             self._loop = loop
-        due = loop.time() + self._delay
-        self._pending.append((due, callback))
-        if self._timer is None:
-            self._timer = loop.call_at(due, self._fire)
+            self._timer = loop.call_later(self._delay, self._sweep)
 
-    def _fire(self) -> None:
+    def finish(self, watch: _Watch) -> None:
+        """The request is over: forget it and stop its watch."""
+        self._active.discard(watch)
+        watch._stopped = True
+        if watch._reader is not None:
+            watch._reader.cancel()
+
+    def _sweep(self) -> None:
         self._timer = None
-        loop, pending = self._loop, self._pending
-        assert loop is not None
-        now = loop.time()
-        while pending and pending[0][0] <= now:
-            pending.popleft()[1]()
-        if pending:
-            self._timer = loop.call_at(pending[0][0], self._fire)
+        started_before = time.monotonic() - self._delay
+        due = [watch for watch in self._active if watch.since <= started_before]
+        for watch in due:
+            self._active.discard(watch)
+            watch.start()
+        if self._active and self._loop is not None:
+            self._timer = self._loop.call_later(self._delay, self._sweep)
 
 
 class _BodyReader:

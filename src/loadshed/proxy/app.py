@@ -235,15 +235,6 @@ class _ClientGone(Exception):
     """The client disconnected while sending its body."""
 
 
-def _outcome(status: int) -> Outcome:
-    """What an upstream status says about its capacity (as the middleware reads it)."""
-    if status >= 500 or status in _DROP_STATUSES:
-        return Outcome.DROPPED
-    if status >= 400:
-        return Outcome.IGNORED
-    return Outcome.SUCCESS
-
-
 def _has_body(scope: Scope) -> bool:
     for name, value in scope.get("headers", ()):
         if name == b"transfer-encoding":
@@ -437,9 +428,10 @@ class ProxyApp:
             status = response.status
             self.proxy_metrics.count_response(upstream.name, status)
             if exchange.answered or exchange.client_gone:
-                # Abandoned while the upstream worked: its slot is free only now.
+                # Abandoned while the upstream worked: its slot is free only now. A
+                # client that gave up is a missed deadline, as a 504 is: dropped.
                 if token is not None:
-                    token.release(Outcome.DROPPED if exchange.answered else _outcome(status))
+                    token.release(Outcome.DROPPED)
                 return
             if token is not None and status in _DROP_STATUSES:
                 token.dropped()
