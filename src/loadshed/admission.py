@@ -351,8 +351,7 @@ class Admission:
         if (
             self.discipline == "fifo"
             and service_mean is not None
-            and self._waiting_at_or_above(priority) / max(1, self.limit) * service_mean
-            >= max_wait
+            and self._waiting_at_or_above(priority) / max(1, self.limit) * service_mean >= max_wait
         ):
             # The queue is full in time: what is ahead alone takes the whole wait
             # bound, so this request would only time out in the queue. Refusing now
