@@ -40,6 +40,7 @@ DISCIPLINES = ("fifo", "lifo", "codel")
 _PRIORITIES = tuple(Priority)  # most critical first
 _DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
 _new_sample = tuple.__new__
+_REJECT_KEYS = {reason: f"rejected:{reason.value}" for reason in RejectReason}
 
 
 class LimiterListener(Protocol):
@@ -539,7 +540,7 @@ class Admission:
         return Rejected(reason, self.retry_after())
 
     def _count_reject(self, reason: RejectReason, waited: float) -> None:
-        self._counts[f"rejected:{reason.value}"] += 1
+        self._counts[_REJECT_KEYS[reason]] += 1
         for listener in self._listeners:
             listener.on_reject(reason, waited)
 

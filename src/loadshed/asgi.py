@@ -160,10 +160,12 @@ class LoadShedMiddleware:
         self._metrics_app = metrics.asgi_app() if metrics is not None else None
         if metrics is not None:
             metrics.track_middleware(self)
-        self._reject_bodies = {
-            reason: json.dumps({"error": "overloaded", "reason": reason.value}).encode()
-            for reason in RejectReason
-        }
+        self._reject_answers: dict[RejectReason, tuple[bytes, tuple[tuple[bytes, bytes], ...]]] = {}
+        for reason in RejectReason:
+            body = json.dumps({"error": "overloaded", "reason": reason.value}).encode()
+            length = b"%d" % len(body)
+            headers = ((b"content-type", b"application/json"), (b"content-length", length))
+            self._reject_answers[reason] = (body, headers)
 
     @property
     def limiters(self) -> list[Limiter]:
@@ -206,10 +208,8 @@ class LoadShedMiddleware:
             return
         now = limiter.admission.now
         deadline = None if timeout is None else now() + timeout
-        # Watches the connection once the request has lasted disconnect_watch_after,
-        # queued or running; the app reads its messages through it.
-        watch = _Watch(receive, self.max_body_bytes, has_body)
         # A free slot first (the common case), straight from the core; else queue.
+        watch: _Watch | None = None
         token = limiter.admission.grant_now(priority=priority, deadline=deadline)
         if token is None:
             try:
@@ -219,12 +219,16 @@ class LoadShedMiddleware:
                 return
             if isinstance(entry, Token):
                 token = entry
-                self._watches.add(watch)
             else:
+                # Watched from the queue on (see _wait_in_queue), through to the end.
+                watch = _Watch(receive, self.max_body_bytes, has_body)
                 token = await self._wait_in_queue(entry, watch, send)
                 if token is None:
                     return
-        else:
+        if watch is None:
+            # Watches the connection once the request has lasted disconnect_watch_after;
+            # the app reads its messages through it.
+            watch = _Watch(receive, self.max_body_bytes, has_body)
             self._watches.add(watch)
 
         scope["loadshed.token"] = token  # lets the app record its own outcome first
@@ -340,17 +344,15 @@ class LoadShedMiddleware:
         return token
 
     async def _send_rejection(self, send: Send, rejected: Rejected) -> None:
-        body = self._reject_bodies[rejected.reason]
-        retry_after = str(max(1, math.ceil(rejected.retry_after))).encode()
+        # Everything but Retry-After is prepared once per reason: under overload this
+        # answers most requests, and its cost bounds how fast refused clients hear.
+        body, headers = self._reject_answers[rejected.reason]
+        retry_after = max(1, math.ceil(rejected.retry_after))
         await send(
             {
                 "type": "http.response.start",
                 "status": self.reject_status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"retry-after", retry_after),
-                ],
+                "headers": [*headers, (b"retry-after", b"%d" % retry_after)],
             }
         )
         await send({"type": "http.response.body", "body": body})

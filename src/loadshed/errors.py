@@ -49,9 +49,14 @@ class Rejected(LoadshedError):
     """Admission refused. ``retry_after`` (seconds) is a hint for the client."""
 
     def __init__(self, reason: RejectReason, retry_after: float = 1.0) -> None:
-        super().__init__(f"rejected: {reason.value} (retry after {retry_after:.3f}s)")
+        # The message is formatted only when shown: under overload one of these is
+        # raised per refused request, and most are answered, never printed.
+        super().__init__(reason, retry_after)
         self.reason = reason
         self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        return f"rejected: {self.reason.value} (retry after {self.retry_after:.3f}s)"
 
 
 class Outcome(str, enum.Enum):

@@ -132,8 +132,9 @@ class Limiter:
         token = self.admission.grant_now(priority=priority, deadline=deadline)
         if token is not None:  # the common case: no future needed
             return token
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Token] = loop.create_future()
+        # The callbacks only fire after submit() returned a ticket, by which time the
+        # future exists: a refusal (the common case under overload) never makes one.
+        future: asyncio.Future[Token]
 
         def on_grant(token: Token) -> None:
             if future.done():  # the waiter was cancelled in the same tick
@@ -150,6 +151,8 @@ class Limiter:
         )
         if isinstance(result, Token):
             return result
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._arm_timer(loop)
         return Waiting(self.admission, result, future)
 
