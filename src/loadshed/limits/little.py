@@ -74,6 +74,14 @@ _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut n
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
+# Widely varying service times (see "Variable service" in the module docstring).
+_VARIABLE_ON = 0.3  # within-level coefficient of variation that turns means on
+_VARIABLE_OFF = 0.15  # ... and below which minima are used again (hysteresis)
+_VARIABLE_DOF = 12  # degrees of freedom the variation needs before it is trusted
+_VARIABLE_ROUND = 16  # successes per round at least, so that a round's mean means something
+_VARIABLE_QUEUE_RISE = 1.25  # round mean over this x the unqueued mean (and significant)
+_VARIABLE_Z = 2.0  # standard errors a round mean must rise by to count as a queue
+_VARIABLE_SAMPLE_Z = 4.0  # standard deviations one request must exceed to cut now
 
 
 class _State(enum.Enum):
@@ -105,6 +113,11 @@ class Little(LimitAlgorithm):
     _round_own_rate: float
     _round_drops: int
     _round_saturated: bool
+    # in-flight level -> [count, latency sum, squared successive differences, their count]
+    _round_levels: dict[int, list[float]]
+    _round_completed: int  # successes, whenever admitted
+    _round_count_sum: float  # completions seen during the round's requests' lives
+    _round_rtt_sum: float
 
     def __init__(
         self,
@@ -163,6 +176,17 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
+        # Variable service: per round (pooled delivery rate, latency sum, count) of
+        # the requests that saw no queue, and (within-level squared deviations,
+        # degrees of freedom, latency sum, count) over twice as many rounds.
+        self._variable = False
+        self._vrounds: deque[tuple[float, float, int]] = deque(maxlen=filter_rounds)
+        self._spread: deque[tuple[float, int, float, int]] = deque(maxlen=2 * filter_rounds)
+        self._vrate_max = 0.0
+        self._latency_mean = math.inf
+        self._latency_sd = 0.0
+        self._cut_threshold = math.inf
+        self._level_last: dict[int, float] = {}  # the last latency seen per in-flight level
 
     @property
     def limit(self) -> int:
@@ -183,8 +207,20 @@ class Little(LimitAlgorithm):
         """``startup``, ``cruise``, ``probe`` or ``drain``."""
         return self._state.value
 
+    @property
+    def variable(self) -> bool:
+        """True while service times vary widely and means replace minima."""
+        return self._variable
+
     def estimate(self) -> float:
-        """The bandwidth-delay product (rate_max x latency_min), or 0 while unknown."""
+        """The bandwidth-delay product (rate_max x latency_min), or 0 while unknown.
+
+        With widely varying service times: pooled rate max x mean unqueued latency.
+        """
+        if self._variable:
+            if self._vrate_max <= 0 or self._latency_mean == math.inf:
+                return 0.0
+            return self._vrate_max * self._latency_mean
         if self._rate_max <= 0 or self._latency_min == math.inf:
             return 0.0
         return self._rate_max * self._latency_min
@@ -192,7 +228,8 @@ class Little(LimitAlgorithm):
     def describe(self) -> str:
         return (
             f"little(limit={self._limit}, rate_max={self._rate_max:.2f}/s, "
-            f"latency_min={self._latency_min:.4f}s, {self._state.value})"
+            f"latency_min={self._latency_min:.4f}s, {self._state.value}"
+            f"{', variable' if self._variable else ''})"
         )
 
     # ---------------------------------------------------------------- samples
@@ -213,11 +250,31 @@ class Little(LimitAlgorithm):
             # Any request's delivery rate is a lower bound on capacity, whenever it
             # was admitted (the filter takes them all); judging this round's limit
             # (probe, drain) takes only the requests admitted under it.
-            rate = self._delivery_rate(now, rtt)
+            count = self._completions_during(now, rtt)
+            # A latency under a microsecond is timer noise: never divide by less.
+            rate = count / max(rtt, _MIN_INTERVAL) if rtt > 0 else 0.0
             if rate > self._round_rate:
                 self._round_rate = rate
-            if rtt > _SAMPLE_QUEUE_RISE * self._latency_min:
+            if rtt > self._cut_threshold:
                 self._cut_if_queued()
+            # Means take every completion, whenever admitted: the requests admitted
+            # in a round that also end in it are the short ones.
+            self._round_completed += 1
+            self._round_count_sum += count
+            self._round_rtt_sum += rtt
+            # Successive differences at one in-flight level measure the spread of
+            # service times; a step change (a slower model) adds one term.
+            inflight = sample.inflight
+            last = self._level_last.get(inflight)
+            self._level_last[inflight] = rtt
+            level = self._round_levels.get(inflight)
+            if level is None:
+                level = self._round_levels[inflight] = [0.0, 0.0, 0.0, 0.0]
+            level[0] += 1.0
+            level[1] += rtt
+            if last is not None:
+                level[2] += (rtt - last) ** 2
+                level[3] += 1.0
             if in_round:
                 self._round_successes += 1
                 if rtt < self._round_latency:
@@ -227,13 +284,19 @@ class Little(LimitAlgorithm):
                 if sample.inflight >= self._limit:
                     self._round_saturated = True
         turned_over = self._round_successes + self._round_drops
-        if 2 * turned_over >= self._limit and now - self._round_start >= self.min_round:
+        if (
+            2 * turned_over >= self._limit
+            and now - self._round_start >= self.min_round
+            and (not self._variable or self._round_completed >= _VARIABLE_ROUND)
+        ):
             # Half the slots have turned over under this round's limit.
             self._end_round(now)
         return self._limit
 
-    def _delivery_rate(self, now: float, rtt: float) -> float:
-        """Completions during this request's life (itself included) per second.
+    def _completions_during(self, now: float, rtt: float) -> int:
+        """Completions during this request's life, itself included.
+
+        Divided by the latency: the request's delivery rate.
 
         As BBR's per-packet delivery rate: it cannot exceed the capacity however
         many requests were in flight, since a queued request's latency grows with
@@ -253,10 +316,9 @@ class Little(LimitAlgorithm):
                 start = 0
             self._history_start = start
         if rtt <= 0:
-            return 0.0
+            return 1
         admitted = bisect.bisect_right(completions, now - rtt, lo=self._history_start)
-        # A latency under a microsecond is timer noise: never divide by less.
-        return (len(completions) - admitted) / max(rtt, _MIN_INTERVAL)
+        return len(completions) - admitted
 
     def _cut_if_queued(self) -> None:
         """A request queued far beyond the minimum latency: stop over-admitting now."""
@@ -280,6 +342,10 @@ class Little(LimitAlgorithm):
         self._round_own_rate = 0.0
         self._round_drops = 0
         self._round_saturated = False
+        self._round_levels = {}
+        self._round_completed = 0
+        self._round_count_sum = 0.0
+        self._round_rtt_sum = 0.0
 
     def _end_round(self, now: float) -> None:
         assert self._round_start is not None
@@ -288,18 +354,42 @@ class Little(LimitAlgorithm):
         own_rate = self._round_own_rate
         latency = self._round_latency
         saturated = self._round_saturated
+        levels = self._round_levels
+        pooled_rate = (
+            self._round_count_sum / self._round_rtt_sum if self._round_rtt_sum > 0 else 0.0
+        )
+        completed = self._round_completed
+        round_mean = self._round_rtt_sum / completed if completed else math.inf
         self._start_round(now)
 
         previous_min = self._latency_min
         queue_formed = latency < math.inf and latency > _QUEUE_RISE * previous_min
+        variable = self._variable
+        if variable:
+            # Means, not minima: one short request says nothing about the workers.
+            se = self._latency_sd / math.sqrt(completed) if completed else 0.0
+            queue_formed = (
+                round_mean < math.inf
+                and self._latency_mean < math.inf
+                and round_mean > _VARIABLE_QUEUE_RISE * self._latency_mean
+                and round_mean > self._latency_mean + _VARIABLE_Z * se
+            )
         measuring = saturated or queue_formed
         if latency < math.inf or measuring:
             # App-limited rounds carry the estimate: a quiet period is no evidence.
             self._rounds.append((rate if measuring else max(rate, self._rate_max), latency))
+        # A round that queued adds no latency to the unqueued mean.
+        self._observe_spread({} if variable and queue_formed else levels, pooled_rate, measuring)
+        if self._variable is not variable:
+            return  # switched: start-up measures again
+        if variable:
+            latency = round_mean
+            rate = own_rate = pooled_rate
         if (
             self._state is _State.DRAIN
             and queue_formed
-            and latency >= _DRAIN_UNCHANGED * self._previous_round_latency
+            # With variable service the drain's mean is itself significantly high.
+            and (variable or latency >= _DRAIN_UNCHANGED * self._previous_round_latency)
         ):
             # Draining did not bring latency down: the service itself got slower.
             # Forget the rounds of the faster past, rates and latencies together, and
@@ -307,10 +397,18 @@ class Little(LimitAlgorithm):
             workers = self._slots(self.estimate())
             self._rounds.clear()
             self._rounds.append((workers / latency, latency))
+            if self._variable:
+                self._vrounds.clear()
+                self._vrounds.append((workers / latency, latency, 1))
+                self._latency_mean = latency
+                self._vrate_max = workers / latency
         self._previous_round_latency = latency
         if self._rounds:
             self._rate_max = max(r for r, _ in self._rounds)
             self._latency_min = min(lat for _, lat in self._rounds)
+        self._cut_threshold = _SAMPLE_QUEUE_RISE * self._latency_min
+        if self._variable:
+            self._cut_threshold = self._latency_mean + _VARIABLE_SAMPLE_Z * self._latency_sd
 
         bdp = self.estimate()
         if drops and not successes:
@@ -328,7 +426,12 @@ class Little(LimitAlgorithm):
         if self._state is _State.STARTUP:
             self._startup_round(rate, measuring, queue_formed, drops > 0, bdp)
         elif self._state is _State.DRAIN:
-            if measuring and 0 < self._limit < self._cruise_limit and self._cruise_rate > 0:
+            if (
+                measuring
+                and not variable  # a noisy rate would find idle slots by chance
+                and 0 < self._limit < self._cruise_limit
+                and self._cruise_rate > 0
+            ):
                 removed = self._cruise_limit - self._limit
                 expected_loss = self._cruise_rate * removed / self._cruise_limit
                 if own_rate >= self._cruise_rate - _PROBE_SUCCESS * expected_loss:
@@ -352,6 +455,58 @@ class Little(LimitAlgorithm):
             else:
                 self._limit = self._clamp(self._base(bdp))
 
+    def _observe_spread(
+        self, levels: dict[int, list[float]], pooled_rate: float, measuring: bool
+    ) -> None:
+        """Fold a round's latencies per in-flight level into the variable-service state.
+
+        Only levels at or under the estimate count (their requests saw no queue at
+        the origin); the spread is measured within each level so that a queue (or a
+        capacity change) between levels is not mistaken for variable service.
+        """
+        bdp = self.estimate()
+        unqueued = self._slots(bdp) if bdp > 0 else 0
+        deviations, dof, total, count = 0.0, 0, 0.0, 0
+        for level, (n, s, squares, differences) in levels.items():
+            if level > unqueued:
+                continue
+            deviations += squares / 2  # E[(x - y)^2] = 2 var for independent x, y
+            dof += int(differences)
+            total += s
+            count += int(n)
+        if count:
+            self._spread.append((deviations, dof, total, count))
+        # Rounds that measured capacity carry their pooled rate; quiet ones carry the max.
+        if measuring or count:
+            rate = pooled_rate if measuring else max(pooled_rate, self._vrate_max)
+            self._vrounds.append((rate, total, count))
+            self._vrate_max = max(r for r, _, _ in self._vrounds)
+            latency_sum = sum(s for _, s, _ in self._vrounds)
+            latency_count = sum(n for _, _, n in self._vrounds)
+            if latency_count:
+                self._latency_mean = latency_sum / latency_count
+        all_dof = sum(d for _, d, _, _ in self._spread)
+        if all_dof < _VARIABLE_DOF:
+            return
+        mean = sum(t for _, _, t, _ in self._spread) / sum(n for _, _, _, n in self._spread)
+        self._latency_sd = math.sqrt(sum(v for v, _, _, _ in self._spread) / all_dof)
+        cv = self._latency_sd / mean if mean > 0 else 0.0
+        if not self._variable and cv > _VARIABLE_ON:
+            # Minima undercount the workers: measure again with means from start-up.
+            self._variable = True
+            self._state = _State.STARTUP
+            self._startup_best_rate = 0.0
+            self._startup_stalls = 0
+            self._ceiling = None
+        elif self._variable and cv < _VARIABLE_OFF:
+            self._variable = False
+            self._enter_cruise_if_known()
+
+    def _enter_cruise_if_known(self) -> None:
+        bdp = self.estimate()
+        if bdp > 0:
+            self._enter_cruise(bdp)
+
     def _startup_round(
         self, rate: float, measuring: bool, queue_formed: bool, dropped: bool, bdp: float
     ) -> None:
@@ -363,7 +518,8 @@ class Little(LimitAlgorithm):
         if measuring and rate >= _STARTUP_GROWTH * self._startup_best_rate:
             self._startup_best_rate = rate
             self._startup_stalls = 0
-            self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * self._latency_min))
+            latency = self._latency_mean if self._variable else self._latency_min
+            self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * latency))
             return
         self._startup_stalls += 1
         if self._startup_stalls >= _STARTUP_STALL_ROUNDS:
