@@ -78,9 +78,14 @@ _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
 _VARIABLE_ON = 0.3  # within-level coefficient of variation that turns means on
 _VARIABLE_OFF = 0.15  # ... and below which minima are used again (hysteresis)
 _VARIABLE_DOF = 12  # degrees of freedom the variation needs before it is trusted
-_VARIABLE_ROUND = 16  # successes per round at least, so that a round's mean means something
+_VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
 _VARIABLE_QUEUE_RISE = 1.25  # round mean over this x the unqueued mean (and significant)
-_VARIABLE_Z = 2.0  # standard errors a round mean must rise by to count as a queue
+_VARIABLE_Z = 3.0  # standard errors a round mean must rise by to count as a queue
+_VARIABLE_SLOWER = 2.0  # a drain's mean over this x the unqueued mean: slower service
+_VARIABLE_DROPS = 0.1  # share of a round's requests dropped that means overload
+_VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are judged by it
+_LEVEL_DECAY = 0.99  # per round: a level's latency is remembered for ~100 rounds
+_LEVEL_RISE = 1.1  # a level this much slower than those below it (and significantly) queued
 _VARIABLE_SAMPLE_Z = 4.0  # standard deviations one request must exceed to cut now
 
 
@@ -186,7 +191,11 @@ class Little(LimitAlgorithm):
         self._latency_mean = math.inf
         self._latency_sd = 0.0
         self._cut_threshold = math.inf
+        self._previous_rate_parts = (0.0, 0.0)  # (completions seen, latency sum)
         self._level_last: dict[int, float] = {}  # the last latency seen per in-flight level
+        # Per in-flight level: [count, latency sum], both decayed each round.
+        self._level_stats: dict[int, list[float]] = {}
+        self._latency_weight = 0.0  # requests behind the unqueued mean (decayed)
 
     @property
     def limit(self) -> int:
@@ -355,9 +364,8 @@ class Little(LimitAlgorithm):
         latency = self._round_latency
         saturated = self._round_saturated
         levels = self._round_levels
-        pooled_rate = (
-            self._round_count_sum / self._round_rtt_sum if self._round_rtt_sum > 0 else 0.0
-        )
+        count_sum, rtt_sum = self._round_count_sum, self._round_rtt_sum
+        pooled_rate = count_sum / rtt_sum if rtt_sum > 0 else 0.0
         completed = self._round_completed
         round_mean = self._round_rtt_sum / completed if completed else math.inf
         self._start_round(now)
@@ -370,7 +378,7 @@ class Little(LimitAlgorithm):
             se = self._latency_sd / math.sqrt(completed) if completed else 0.0
             queue_formed = (
                 round_mean < math.inf
-                and self._latency_mean < math.inf
+                and self._latency_weight >= _VARIABLE_BASELINE
                 and round_mean > _VARIABLE_QUEUE_RISE * self._latency_mean
                 and round_mean > self._latency_mean + _VARIABLE_Z * se
             )
@@ -379,7 +387,9 @@ class Little(LimitAlgorithm):
             # App-limited rounds carry the estimate: a quiet period is no evidence.
             self._rounds.append((rate if measuring else max(rate, self._rate_max), latency))
         # A round that queued adds no latency to the unqueued mean.
-        self._observe_spread({} if variable and queue_formed else levels, pooled_rate, measuring)
+        self._observe_spread(
+            {} if variable and queue_formed else levels, levels, count_sum, rtt_sum, measuring
+        )
         if self._variable is not variable:
             return  # switched: start-up measures again
         if variable:
@@ -389,7 +399,11 @@ class Little(LimitAlgorithm):
             self._state is _State.DRAIN
             and queue_formed
             # With variable service the drain's mean is itself significantly high.
-            and (variable or latency >= _DRAIN_UNCHANGED * self._previous_round_latency)
+            and (
+                latency > _VARIABLE_SLOWER * self._latency_mean
+                if variable
+                else latency >= _DRAIN_UNCHANGED * self._previous_round_latency
+            )
         ):
             # Draining did not bring latency down: the service itself got slower.
             # Forget the rounds of the faster past, rates and latencies together, and
@@ -401,6 +415,8 @@ class Little(LimitAlgorithm):
                 self._vrounds.clear()
                 self._vrounds.append((workers / latency, latency, 1))
                 self._latency_mean = latency
+                self._level_stats.clear()
+                self._latency_weight = 0.0
                 self._vrate_max = workers / latency
         self._previous_round_latency = latency
         if self._rounds:
@@ -423,8 +439,11 @@ class Little(LimitAlgorithm):
             return
         if bdp <= 0:
             return
+        # A widely varying service times out its slowest requests at any limit: only
+        # a share of drops above that tail is a sign of overload.
+        overloaded = drops > _VARIABLE_DROPS * (drops + successes) if variable else drops > 0
         if self._state is _State.STARTUP:
-            self._startup_round(rate, measuring, queue_formed, drops > 0, bdp)
+            self._startup_round(rate, measuring, queue_formed, overloaded, bdp)
         elif self._state is _State.DRAIN:
             if (
                 measuring
@@ -441,7 +460,7 @@ class Little(LimitAlgorithm):
         elif not measuring:
             return  # app-limited: nothing learned about capacity
         elif self._state is _State.PROBE:
-            self._probe_round(own_rate, drops > 0, bdp)
+            self._probe_round(own_rate, overloaded, bdp)
         else:
             self._cruise_rate = own_rate
             self._cruise_limit = self._limit
@@ -450,13 +469,18 @@ class Little(LimitAlgorithm):
                 # Latency jumped: a queue behind our back or a slower service. A
                 # drain round tells which (and whether the last slot was idle).
                 self._enter_drain()
-            elif self._cruise_rounds >= self._probe_interval and not drops:
+            elif self._cruise_rounds >= self._probe_interval and not overloaded:
                 self._enter_probe(own_rate, bdp)
             else:
                 self._limit = self._clamp(self._base(bdp))
 
     def _observe_spread(
-        self, levels: dict[int, list[float]], pooled_rate: float, measuring: bool
+        self,
+        levels: dict[int, list[float]],
+        all_levels: dict[int, list[float]],
+        seen: float,
+        rtt_sum: float,
+        measuring: bool,
     ) -> None:
         """Fold a round's latencies per in-flight level into the variable-service state.
 
@@ -476,15 +500,17 @@ class Little(LimitAlgorithm):
             count += int(n)
         if count:
             self._spread.append((deviations, dof, total, count))
-        # Rounds that measured capacity carry their pooled rate; quiet ones carry the max.
+        # Rounds that measured capacity carry their rate pooled with the previous
+        # one's (a maximum over rounds of a few requests each would overcount);
+        # quiet ones carry the max.
+        previous_seen, previous_rtt = self._previous_rate_parts
+        self._previous_rate_parts = (seen, rtt_sum) if measuring else (0.0, 0.0)
         if measuring or count:
-            rate = pooled_rate if measuring else max(pooled_rate, self._vrate_max)
+            pooled = (seen + previous_seen) / max(rtt_sum + previous_rtt, _MIN_INTERVAL)
+            rate = pooled if measuring else max(pooled, self._vrate_max)
             self._vrounds.append((rate, total, count))
             self._vrate_max = max(r for r, _, _ in self._vrounds)
-            latency_sum = sum(s for _, s, _ in self._vrounds)
-            latency_count = sum(n for _, _, n in self._vrounds)
-            if latency_count:
-                self._latency_mean = latency_sum / latency_count
+        self._fold_levels(all_levels)
         all_dof = sum(d for _, d, _, _ in self._spread)
         if all_dof < _VARIABLE_DOF:
             return
@@ -501,6 +527,44 @@ class Little(LimitAlgorithm):
         elif self._variable and cv < _VARIABLE_OFF:
             self._variable = False
             self._enter_cruise_if_known()
+
+    def _fold_levels(self, levels: dict[int, list[float]]) -> None:
+        """Update the latency per in-flight level and the mean below the knee.
+
+        Walking up from the lowest level, a level joins the unqueued mean while its
+        own mean is not significantly higher: a queue shows as latency rising with
+        the level, whatever the estimate (which would otherwise let a small queue
+        creep into the mean and the limit up with it).
+        """
+        stats = self._level_stats
+        for values in stats.values():
+            values[0] *= _LEVEL_DECAY
+            values[1] *= _LEVEL_DECAY
+        for level, (n, total, _, _) in levels.items():
+            known = stats.get(level)
+            if known is None:
+                stats[level] = [n, total]
+            else:
+                known[0] += n
+                known[1] += total
+        pooled_n = pooled_sum = 0.0
+        sd = self._latency_sd
+        for level in sorted(stats):
+            n, total = stats[level]
+            if n <= 0:
+                continue
+            if pooled_n > 0:
+                pooled = pooled_sum / pooled_n
+                mean = total / n
+                if mean > _LEVEL_RISE * pooled and mean > pooled + _VARIABLE_Z * sd * math.sqrt(
+                    1 / n + 1 / pooled_n
+                ):
+                    break
+            pooled_n += n
+            pooled_sum += total
+        if pooled_n > 0:
+            self._latency_mean = pooled_sum / pooled_n
+        self._latency_weight = pooled_n
 
     def _enter_cruise_if_known(self) -> None:
         bdp = self.estimate()
@@ -521,6 +585,9 @@ class Little(LimitAlgorithm):
             latency = self._latency_mean if self._variable else self._latency_min
             self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * latency))
             return
+        if self._variable and measuring:
+            # A noisy rate stalls by chance: double anyway; a queue ends start-up.
+            self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         self._startup_stalls += 1
         if self._startup_stalls >= _STARTUP_STALL_ROUNDS:
             self._enter_drain()
@@ -539,7 +606,8 @@ class Little(LimitAlgorithm):
         else:
             # Nothing more to find: probe half as often next time, so a server at its
             # capacity is not made to queue every few rounds.
-            self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
+            if not self._variable:  # a probe fails by chance when the rate is noisy
+                self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
             self._enter_drain()
 
     def _slots(self, estimate: float) -> int:
