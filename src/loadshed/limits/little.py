@@ -77,8 +77,9 @@ _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
 # Widely varying service times (see "Variable service" in the module docstring).
 _VARIABLE_ON = 0.3  # within-level coefficient of variation that turns means on
 _VARIABLE_OFF = 0.15  # ... and below which minima are used again (hysteresis)
-_VARIABLE_DOF = 12  # degrees of freedom the variation needs before it is trusted
+_VARIABLE_DOF = 8  # degrees of freedom the variation needs before it is trusted
 _VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
+_VARIABLE_STARTUP_ROUND = 4  # ... in start-up, where the rate doubles from round to round
 _VARIABLE_QUEUE_RISE = 1.25  # round mean over this x the unqueued mean (and significant)
 _VARIABLE_Z = 3.0  # standard errors a round mean must rise by to count as a queue
 _VARIABLE_SLOWER = 2.0  # a drain's mean over this x the unqueued mean: slower service
@@ -217,6 +218,11 @@ class Little(LimitAlgorithm):
         return self._state.value
 
     @property
+    def _variable_round(self) -> int:
+        """Successes a round needs with variable service: fewer in start-up (speed)."""
+        return _VARIABLE_STARTUP_ROUND if self._state is _State.STARTUP else _VARIABLE_ROUND
+
+    @property
     def variable(self) -> bool:
         """True while service times vary widely and means replace minima."""
         return self._variable
@@ -296,7 +302,7 @@ class Little(LimitAlgorithm):
         if (
             2 * turned_over >= self._limit
             and now - self._round_start >= self.min_round
-            and (not self._variable or self._round_completed >= _VARIABLE_ROUND)
+            and (not self._variable or self._round_completed >= self._variable_round)
         ):
             # Half the slots have turned over under this round's limit.
             self._end_round(now)
@@ -518,12 +524,14 @@ class Little(LimitAlgorithm):
         self._latency_sd = math.sqrt(sum(v for v, _, _, _ in self._spread) / all_dof)
         cv = self._latency_sd / mean if mean > 0 else 0.0
         if not self._variable and cv > _VARIABLE_ON:
-            # Minima undercount the workers: measure again with means from start-up.
+            # Minima undercount the workers: measure again with means from start-up,
+            # which doubles the limit at once (the minima left it far too low).
             self._variable = True
             self._state = _State.STARTUP
             self._startup_best_rate = 0.0
             self._startup_stalls = 0
             self._ceiling = None
+            self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         elif self._variable and cv < _VARIABLE_OFF:
             self._variable = False
             self._enter_cruise_if_known()
@@ -547,17 +555,26 @@ class Little(LimitAlgorithm):
             else:
                 known[0] += n
                 known[1] += total
+        # Each level against the levels at or under half of it (those below it
+        # when there are none): a queue that grows level by level is still seen.
         pooled_n = pooled_sum = 0.0
+        anchor_n = anchor_sum = 0.0
         sd = self._latency_sd
-        for level in sorted(stats):
-            n, total = stats[level]
+        ordered = sorted(stats.items())
+        half = 0
+        for level, (n, total) in ordered:
             if n <= 0:
                 continue
-            if pooled_n > 0:
-                pooled = pooled_sum / pooled_n
+            while half < len(ordered) and 2 * ordered[half][0] <= level:
+                anchor_n += ordered[half][1][0]
+                anchor_sum += ordered[half][1][1]
+                half += 1
+            base_n, base_sum = (anchor_n, anchor_sum) if anchor_n > 0 else (pooled_n, pooled_sum)
+            if base_n > 0:
+                base = base_sum / base_n
                 mean = total / n
-                if mean > _LEVEL_RISE * pooled and mean > pooled + _VARIABLE_Z * sd * math.sqrt(
-                    1 / n + 1 / pooled_n
+                if mean > _LEVEL_RISE * base and mean > base + _VARIABLE_Z * sd * math.sqrt(
+                    1 / n + 1 / base_n
                 ):
                     break
             pooled_n += n
