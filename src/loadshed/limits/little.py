@@ -46,12 +46,32 @@ requests admitted earlier under a higher limit are old news, and a limit cannot
 climb while every request ends at the same timeout); a round with drops never
 probes.
 
-Known limit: the minimum latency assumes service times that vary little (a model
-on fixed-size inputs). When they vary a lot (exponential or wide log-normal),
-rate x minimum latency undercounts the workers and the limit can fall to a few
-slots; ``loadshed simulate paradox --service-dist lognormal`` shows it. Use a
-``fixed:N`` limit (N = workers) or ``gradient2`` for such models until this is
-solved.
+Variable service: the minimum latency assumes service times that vary little (a
+model on fixed-size inputs). When they vary a lot (exponential, wide log-normal),
+the fastest request is far below the mean, a short request's own delivery rate is
+far above the capacity, and rate x minimum latency undercounts the workers. Little's
+law holds for means, so ``Little`` measures the spread and switches:
+- spread: successive differences of the latencies of requests admitted at the same
+  in-flight level, at levels up to the estimate (no queue at the origin), over 20
+  rounds. A queue differs between levels and a step change (a slower model) adds
+  one term, so neither reads as variation. A coefficient of variation above 0.3
+  turns means on (below 0.15 turns them off); constant service stays on minima;
+- latency: the mean of the requests that saw no queue. Per in-flight level, the
+  mean latency (remembered for ~100 rounds); walking up from the lowest level, a
+  level joins while its mean is not both 10 % and 3 standard errors above the
+  levels at half its height (a queue shows as latency rising with the level,
+  whatever the estimate, so a small queue cannot creep into the mean);
+- rate: completions seen over latency, pooled over every request of two rounds
+  (rounds of at least 8 completions), maximum over 10 rounds;
+- start-up again from twice the limit (rounds of 4 completions; a stalled rate
+  doubles anyway, a queue ends it); a round queued when its mean is 25 % and 3
+  standard errors above the unqueued mean (once 32 requests back it); a drain
+  still at twice the mean means a slower service; a probe's failure does not
+  space probes out, no ceiling is set from a noisy rate, and drops count as
+  overload only above 10 % of a round (the slowest requests time out at any limit).
+Means need more samples than minima: the limit settles in a few seconds at 100 ms
+per request rather than in a few rounds, and stays within about +-2 slots of the
+workers (the knee is not sharper than the noise).
 """
 
 from __future__ import annotations
@@ -182,11 +202,12 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
-        # Variable service: per round (pooled delivery rate, latency sum, count) of
-        # the requests that saw no queue, and (within-level squared deviations,
-        # degrees of freedom, latency sum, count) over twice as many rounds.
+        # Variable service (see the module docstring): the delivery rate of each
+        # round pooled with the previous one's, and (halved squared successive
+        # differences, their count, latency sum, count) at unqueued levels over
+        # twice as many rounds, for the spread.
         self._variable = False
-        self._vrounds: deque[tuple[float, float, int]] = deque(maxlen=filter_rounds)
+        self._vrates: deque[float] = deque(maxlen=filter_rounds)
         self._spread: deque[tuple[float, int, float, int]] = deque(maxlen=2 * filter_rounds)
         self._vrate_max = 0.0
         self._latency_mean = math.inf
@@ -288,7 +309,8 @@ class Little(LimitAlgorithm):
             level[0] += 1.0
             level[1] += rtt
             if last is not None:
-                level[2] += (rtt - last) ** 2
+                difference = rtt - last
+                level[2] += difference * difference  # (** overflows on huge floats)
                 level[3] += 1.0
             if in_round:
                 self._round_successes += 1
@@ -404,7 +426,7 @@ class Little(LimitAlgorithm):
         if (
             self._state is _State.DRAIN
             and queue_formed
-            # With variable service the drain's mean is itself significantly high.
+            # With variable service: the drain's mean still twice the unqueued one.
             and (
                 latency > _VARIABLE_SLOWER * self._latency_mean
                 if variable
@@ -418,8 +440,8 @@ class Little(LimitAlgorithm):
             self._rounds.clear()
             self._rounds.append((workers / latency, latency))
             if self._variable:
-                self._vrounds.clear()
-                self._vrounds.append((workers / latency, latency, 1))
+                self._vrates.clear()
+                self._vrates.append(workers / latency)
                 self._latency_mean = latency
                 self._level_stats.clear()
                 self._latency_weight = 0.0
@@ -514,8 +536,8 @@ class Little(LimitAlgorithm):
         if measuring or count:
             pooled = (seen + previous_seen) / max(rtt_sum + previous_rtt, _MIN_INTERVAL)
             rate = pooled if measuring else max(pooled, self._vrate_max)
-            self._vrounds.append((rate, total, count))
-            self._vrate_max = max(r for r, _, _ in self._vrounds)
+            self._vrates.append(rate)
+            self._vrate_max = max(self._vrates)
         self._fold_levels(all_levels)
         all_dof = sum(d for _, d, _, _ in self._spread)
         if all_dof < _VARIABLE_DOF:
