@@ -70,7 +70,7 @@ law holds for means, so ``Little`` measures the spread and switches:
   space probes out, no ceiling is set from a noisy rate, and drops count as
   overload only above 10 % of a round (the slowest requests time out at any limit).
 Means need more samples than minima: the limit settles in a few seconds at 100 ms
-per request rather than in a few rounds, and stays within about +-2 slots of the
+per request rather than in a few rounds, and it runs a slot or a few above the
 workers (the knee is not sharper than the noise).
 """
 
