@@ -208,7 +208,8 @@ class Little(LimitAlgorithm):
         # twice as many rounds, for the spread.
         self._variable = False
         self._vrates: deque[float] = deque(maxlen=filter_rounds)
-        self._spread: deque[tuple[float, int, float, int]] = deque(maxlen=2 * filter_rounds)
+        self._spread: deque[tuple[float, float, float, float]] = deque(maxlen=2 * filter_rounds)
+        self._spread_totals = [0.0, 0.0, 0.0, 0.0]
         self._vrate_max = 0.0
         self._latency_mean = math.inf
         self._latency_sd = 0.0
@@ -527,7 +528,15 @@ class Little(LimitAlgorithm):
             total += s
             count += int(n)
         if count:
-            self._spread.append((deviations, dof, total, count))
+            # Running totals over the window (summing it every round costs more).
+            spread, totals = self._spread, self._spread_totals
+            if len(spread) == spread.maxlen:
+                for i, value in enumerate(spread[0]):
+                    totals[i] -= value
+            entry = (deviations, float(dof), total, float(count))
+            spread.append(entry)
+            for i, value in enumerate(entry):
+                totals[i] += value
         # Rounds that measured capacity carry their rate pooled with the previous
         # one's (a maximum over rounds of a few requests each would overcount);
         # quiet ones carry the max.
@@ -539,11 +548,11 @@ class Little(LimitAlgorithm):
             self._vrates.append(rate)
             self._vrate_max = max(self._vrates)
         self._fold_levels(all_levels)
-        all_dof = sum(d for _, d, _, _ in self._spread)
-        if all_dof < _VARIABLE_DOF:
+        all_deviations, all_dof, all_total, all_count = self._spread_totals
+        if all_dof < _VARIABLE_DOF - 0.5:
             return
-        mean = sum(t for _, _, t, _ in self._spread) / sum(n for _, _, _, n in self._spread)
-        self._latency_sd = math.sqrt(sum(v for v, _, _, _ in self._spread) / all_dof)
+        mean = all_total / all_count if all_count > 0 else 0.0
+        self._latency_sd = math.sqrt(max(0.0, all_deviations) / all_dof)
         cv = self._latency_sd / mean if mean > 0 else 0.0
         if not self._variable and cv > _VARIABLE_ON:
             # Minima undercount the workers: measure again with means from start-up,
