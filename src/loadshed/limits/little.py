@@ -97,7 +97,7 @@ _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
 # Widely varying service times (see "Variable service" in the module docstring).
 _VARIABLE_ON = 0.3  # within-level coefficient of variation that turns means on
 _VARIABLE_OFF = 0.15  # ... and below which minima are used again (hysteresis)
-_VARIABLE_DOF = 8  # degrees of freedom the variation needs before it is trusted
+_VARIABLE_DOF = 4  # degrees of freedom the variation needs before it is trusted
 _VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
 _VARIABLE_STARTUP_ROUND = 4  # ... in start-up, where the rate doubles from round to round
 _VARIABLE_QUEUE_RISE = 1.25  # round mean over this x the unqueued mean (and significant)
@@ -105,7 +105,7 @@ _VARIABLE_Z = 3.0  # standard errors a round mean must rise by to count as a que
 _VARIABLE_SLOWER = 2.0  # a drain's mean over this x the unqueued mean: slower service
 _VARIABLE_DROPS = 0.1  # share of a round's requests dropped that means overload
 _VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are judged by it
-_LEVEL_DECAY = 0.99  # per round: a level's latency is remembered for ~100 rounds
+_LEVEL_MEMORY = 256.0  # requests: a level's mean weighs at most this many
 _LEVEL_RISE = 1.1  # a level this much slower than those below it (and significantly) queued
 _VARIABLE_SAMPLE_Z = 4.0  # standard deviations one request must exceed to cut now
 
@@ -453,7 +453,11 @@ class Little(LimitAlgorithm):
             self._latency_min = min(lat for _, lat in self._rounds)
         self._cut_threshold = _SAMPLE_QUEUE_RISE * self._latency_min
         if self._variable:
-            self._cut_threshold = self._latency_mean + _VARIABLE_SAMPLE_Z * self._latency_sd
+            self._cut_threshold = (
+                self._latency_mean + _VARIABLE_SAMPLE_Z * self._latency_sd
+                if self._latency_weight >= _VARIABLE_BASELINE
+                else math.inf  # a mean of a few requests would cut start-up short
+            )
 
         bdp = self.estimate()
         if drops and not successes:
@@ -571,43 +575,46 @@ class Little(LimitAlgorithm):
         """Update the latency per in-flight level and the mean below the knee.
 
         Walking up from the lowest level, a level joins the unqueued mean while its
-        own mean is not significantly higher: a queue shows as latency rising with
-        the level, whatever the estimate (which would otherwise let a small queue
-        creep into the mean and the limit up with it).
+        own mean is not significantly higher than those below: a queue shows as
+        latency rising with the level, whatever the estimate (which would otherwise
+        let a small queue creep into the mean and the limit up with it).
         """
         stats = self._level_stats
-        for values in stats.values():
-            values[0] *= _LEVEL_DECAY
-            values[1] *= _LEVEL_DECAY
         for level, (n, total, _, _) in levels.items():
             known = stats.get(level)
             if known is None:
-                stats[level] = [n, total]
+                known = stats[level] = [n, total]
             else:
                 known[0] += n
                 known[1] += total
-        # Each level against the levels at or under half of it (those below it
-        # when there are none): a queue that grows level by level is still seen.
+            if known[0] > _LEVEL_MEMORY:
+                # Past this, a moving mean: a level seldom visited (the anchor for
+                # those above it) keeps its weight; a visited one follows drift.
+                scale = _LEVEL_MEMORY / known[0]
+                known[0] = _LEVEL_MEMORY
+                known[1] *= scale
+        # A queue raises every level above the knee: stop at the first of two
+        # levels in a row that are both significantly slower (one is noise).
         pooled_n = pooled_sum = 0.0
-        anchor_n = anchor_sum = 0.0
+        pending: tuple[float, float] | None = None
         sd = self._latency_sd
-        ordered = sorted(stats.items())
-        half = 0
-        for level, (n, total) in ordered:
+        for _, (n, total) in sorted(stats.items()):
             if n <= 0:
                 continue
-            while half < len(ordered) and 2 * ordered[half][0] <= level:
-                anchor_n += ordered[half][1][0]
-                anchor_sum += ordered[half][1][1]
-                half += 1
-            base_n, base_sum = (anchor_n, anchor_sum) if anchor_n > 0 else (pooled_n, pooled_sum)
-            if base_n > 0:
-                base = base_sum / base_n
+            if pooled_n > 0:
+                base = pooled_sum / pooled_n
                 mean = total / n
                 if mean > _LEVEL_RISE * base and mean > base + _VARIABLE_Z * sd * math.sqrt(
-                    1 / n + 1 / base_n
+                    1 / n + 1 / pooled_n
                 ):
-                    break
+                    if pending is not None:
+                        break
+                    pending = (n, total)
+                    continue
+            if pending is not None:
+                pooled_n += pending[0]
+                pooled_sum += pending[1]
+                pending = None
             pooled_n += n
             pooled_sum += total
         if pooled_n > 0:
