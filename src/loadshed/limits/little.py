@@ -107,7 +107,6 @@ _VARIABLE_DROPS = 0.1  # share of a round's requests dropped that means overload
 _VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are judged by it
 _LEVEL_MEMORY = 256.0  # requests: a level's mean weighs at most this many
 _LEVEL_RISE = 1.1  # a level this much slower than those below it (and significantly) queued
-_VARIABLE_SAMPLE_Z = 4.0  # standard deviations one request must exceed to cut now
 
 
 class _State(enum.Enum):
@@ -453,11 +452,8 @@ class Little(LimitAlgorithm):
             self._latency_min = min(lat for _, lat in self._rounds)
         self._cut_threshold = _SAMPLE_QUEUE_RISE * self._latency_min
         if self._variable:
-            self._cut_threshold = (
-                self._latency_mean + _VARIABLE_SAMPLE_Z * self._latency_sd
-                if self._latency_weight >= _VARIABLE_BASELINE
-                else math.inf  # a mean of a few requests would cut start-up short
-            )
+            # One slow request is the service's tail, not a queue: rounds judge.
+            self._cut_threshold = math.inf
 
         bdp = self.estimate()
         if drops and not successes:
@@ -541,15 +537,14 @@ class Little(LimitAlgorithm):
             spread.append(entry)
             for i, value in enumerate(entry):
                 totals[i] += value
-        # Rounds that measured capacity carry their rate pooled with the previous
-        # one's (a maximum over rounds of a few requests each would overcount);
-        # quiet ones carry the max.
+        # The delivery rate pooled over the requests of this round and the previous
+        # one (a maximum over rounds of a few requests each would overcount). A quiet
+        # round's rate is still a lower bound on capacity: it can only raise the max.
         previous_seen, previous_rtt = self._previous_rate_parts
         self._previous_rate_parts = (seen, rtt_sum) if measuring else (0.0, 0.0)
-        if measuring or count:
+        if rtt_sum > 0:
             pooled = (seen + previous_seen) / max(rtt_sum + previous_rtt, _MIN_INTERVAL)
-            rate = pooled if measuring else max(pooled, self._vrate_max)
-            self._vrates.append(rate)
+            self._vrates.append(pooled if measuring else max(pooled, self._vrate_max))
             self._vrate_max = max(self._vrates)
         self._fold_levels(all_levels)
         all_deviations, all_dof, all_total, all_count = self._spread_totals
@@ -566,6 +561,7 @@ class Little(LimitAlgorithm):
             self._startup_best_rate = 0.0
             self._startup_stalls = 0
             self._ceiling = None
+            self._cut_threshold = math.inf  # one slow request is the tail, not a queue
             self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         elif self._variable and cv < _VARIABLE_OFF:
             self._variable = False
