@@ -666,8 +666,14 @@ class Little(LimitAlgorithm):
         return max(1, round(estimate)) if math.isfinite(estimate) else self.max_limit
 
     def _base(self, bdp: float) -> int:
-        """The cruise limit: the estimate, under the ceiling a drain may have found."""
+        """The cruise limit: the estimate, under the ceiling a drain may have found.
+
+        With variable service, rounded up: a slot too many queues a little, a slot
+        too few idles a worker, and the estimate is noisy.
+        """
         base = self._slots(bdp)
+        if self._variable and math.isfinite(bdp):
+            base = max(1, math.ceil(bdp))
         return base if self._ceiling is None else min(base, self._ceiling)
 
     def _enter_probe(self, rate: float, bdp: float) -> None:
