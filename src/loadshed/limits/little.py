@@ -95,8 +95,8 @@ _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go 
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
 # Widely varying service times (see "Variable service" in the module docstring).
-_VARIABLE_ON = 0.3  # within-level coefficient of variation that turns means on
-_VARIABLE_OFF = 0.15  # ... and below which minima are used again (hysteresis)
+_VARIABLE_ON = 0.15  # within-level coefficient of variation that turns means on
+_VARIABLE_OFF = 0.07  # ... and below which minima are used again (hysteresis)
 _VARIABLE_DOF = 4  # degrees of freedom the variation needs before it is trusted
 _VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
 _VARIABLE_STARTUP_ROUND = 4  # ... in start-up, where the rate doubles from round to round
