@@ -636,8 +636,9 @@ class Little(LimitAlgorithm):
             latency = self._latency_mean if self._variable else self._latency_min
             self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * latency))
             return
-        if self._variable and measuring:
-            # A noisy rate stalls by chance: double anyway; a queue ends start-up.
+        if self._variable and measuring and self._latency_weight >= _VARIABLE_BASELINE:
+            # A noisy rate stalls by chance: double anyway while a queue would be
+            # seen (and would end start-up).
             self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         self._startup_stalls += 1
         if self._startup_stalls >= _STARTUP_STALL_ROUNDS:
