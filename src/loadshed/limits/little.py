@@ -47,31 +47,35 @@ climb while every request ends at the same timeout); a round with drops never
 probes.
 
 Variable service: the minimum latency assumes service times that vary little (a
-model on fixed-size inputs). When they vary a lot (exponential, wide log-normal),
-the fastest request is far below the mean, a short request's own delivery rate is
-far above the capacity, and rate x minimum latency undercounts the workers. Little's
-law holds for means, so ``Little`` measures the spread and switches:
+model on fixed-size inputs). When they vary (exponential, log-normal), the fastest
+request is far below the mean, a short request's own delivery rate is far above
+the capacity, and rate x minimum latency undercounts the workers. Little's law
+holds for means, so ``Little`` measures the spread and switches:
 - spread: successive differences of the latencies of requests admitted at the same
-  in-flight level, at levels up to the estimate (no queue at the origin), over 20
-  rounds. A queue differs between levels and a step change (a slower model) adds
-  one term, so neither reads as variation. A coefficient of variation above 0.3
-  turns means on (below 0.15 turns them off); constant service stays on minima;
+  in-flight level, at levels up to the estimate, over 20 rounds. A queue differs
+  between levels and a step change (a slower model) adds one term, so neither
+  reads as variation. A coefficient of variation above 0.15 (after 4 differences)
+  turns means on, below 0.07 off; constant service (spread 0) stays on minima;
 - latency: the mean of the requests that saw no queue. Per in-flight level, the
-  mean latency (remembered for ~100 rounds); walking up from the lowest level, a
-  level joins while its mean is not both 10 % and 3 standard errors above the
-  levels at half its height (a queue shows as latency rising with the level,
-  whatever the estimate, so a small queue cannot creep into the mean);
+  mean latency (a moving mean over its last 256 requests, so a level seldom
+  visited keeps its weight); walking up from the lowest level, a level joins while
+  it is not both 10 % and 3 standard errors above the levels below, and the walk
+  stops at the first of two such levels in a row (a queue raises every level above
+  the knee, whatever the estimate, so a small queue cannot creep into the mean);
 - rate: completions seen over latency, pooled over every request of two rounds
-  (rounds of at least 8 completions), maximum over 10 rounds;
-- start-up again from twice the limit (rounds of 4 completions; a stalled rate
-  doubles anyway, a queue ends it); a round queued when its mean is 25 % and 3
-  standard errors above the unqueued mean (once 32 requests back it); a drain
-  still at twice the mean means a slower service; a probe's failure does not
-  space probes out, no ceiling is set from a noisy rate, and drops count as
-  overload only above 10 % of a round (the slowest requests time out at any limit).
-Means need more samples than minima: the limit settles in a few seconds at 100 ms
-per request rather than in a few rounds, and it runs a slot or a few above the
-workers (the knee is not sharper than the noise).
+  (rounds of at least 8 completions), maximum over 10 rounds; the cruise limit
+  rounds the estimate up (a slot too few idles a worker);
+- start-up again (rounds of 4 completions; once 32 requests back the mean, a
+  stalled rate doubles anyway, a queue ends it); a round queued when its mean is
+  25 % and 3 standard errors above the unqueued mean (once 32 requests back it); a
+  drain still at twice the mean means a slower service; no per-request cut (one
+  slow request is the tail), no ceiling from a noisy rate, a failed probe does
+  not space probes out, and drops count as overload only above 10 % of a round
+  (the slowest requests time out at any limit).
+Means need more samples than minima: the limit settles in seconds at 100 ms per
+request rather than in a few rounds, and it runs a slot or a few above the workers
+(the knee is not sharper than the noise). A single worker at 0.5 s per request
+gives too few samples in 30 s: minima (limit 1) happened to suit it better.
 """
 
 from __future__ import annotations
