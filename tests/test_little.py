@@ -88,20 +88,64 @@ def test_e2_capacity_change_with_learned_patience_only() -> None:
     assert after["goodput_ratio"] >= 0.85, after
 
 
-def test_known_limit_widely_varying_service_times_undercount_workers() -> None:
-    """Documented limitation (module docstring): with log-normal service times of
-    sigma 1, rate x minimum latency sees fewer workers than there are."""
+VARIABLE = [
+    pytest.param(ServiceConfig(0.1, dist="exponential"), id="exponential"),
+    pytest.param(ServiceConfig(0.1, dist="lognormal", sigma=0.5), id="lognormal-0.5"),
+    pytest.param(ServiceConfig(0.1, dist="lognormal", sigma=1.0), id="lognormal-1"),
+]
+
+
+@pytest.mark.parametrize("service", VARIABLE)
+def test_widely_varying_service_times_keep_the_workers_busy(service: ServiceConfig) -> None:
+    """Rate x minimum latency undercounted the workers (limit 1, goodput 0.13 of
+    capacity); means of the requests that saw no queue find them."""
+    result = run_paradox(
+        limiter=LimiterConfig("little"),
+        clients=(64,),
+        workers=8,
+        service=service,
+        timeout=0.5,
+        duration=20,
+    )
+    step = result["steps"][0]
+    assert step["goodput_ratio"] >= 0.75, step
+    assert 6 <= step["mean_limit"] <= 16, step
+
+
+def test_known_limit_variable_service_takes_seconds_to_settle() -> None:
+    """Documented limit (module docstring): means need more samples than minima, so
+    the first seconds at 100 ms per request run below the worker count."""
     result = run_paradox(
         limiter=LimiterConfig("little"),
         clients=(64,),
         workers=8,
         service=ServiceConfig(0.1, dist="lognormal", sigma=1.0),
         timeout=0.5,
-        duration=20,
+        duration=3,
     )
-    step = result["steps"][0]
-    assert step["mean_limit"] < 8
-    assert step["goodput_ratio"] < 0.9
+    assert result["steps"][0]["goodput_ratio"] < 0.9
+
+
+def test_constant_service_stays_on_minima() -> None:
+    little = Little()
+    feed_fifo_origin(little, workers=4, service=0.5, seconds=60)
+    assert not little.variable
+    assert abs(little.limit - 4) <= 1
+
+
+def test_variable_service_switches_to_means() -> None:
+    """Deterministic spread (no randomness): service times cycling 0.02..0.38 s."""
+    little = Little()
+    times = [0.02, 0.38, 0.1, 0.3, 0.05, 0.2, 0.35, 0.08]
+    now = 0.0
+    for i in range(400):
+        rtt = times[i % len(times)]
+        now += rtt
+        little.update(Sample(rtt=rtt, inflight=1, dropped=False, now=now, queued=1))
+    assert little.variable
+    assert "variable" in little.describe()
+    # One worker serving one request at a time: the mean latency is that of the service.
+    assert little.limit <= 2
 
 
 def test_latencies_near_zero_never_overflow_the_estimate() -> None:

@@ -46,12 +46,36 @@ requests admitted earlier under a higher limit are old news, and a limit cannot
 climb while every request ends at the same timeout); a round with drops never
 probes.
 
-Known limit: the minimum latency assumes service times that vary little (a model
-on fixed-size inputs). When they vary a lot (exponential or wide log-normal),
-rate x minimum latency undercounts the workers and the limit can fall to a few
-slots; ``loadshed simulate paradox --service-dist lognormal`` shows it. Use a
-``fixed:N`` limit (N = workers) or ``gradient2`` for such models until this is
-solved.
+Variable service: the minimum latency assumes service times that vary little (a
+model on fixed-size inputs). When they vary (exponential, log-normal), the fastest
+request is far below the mean, a short request's own delivery rate is far above
+the capacity, and rate x minimum latency undercounts the workers. Little's law
+holds for means, so ``Little`` measures the spread and switches:
+- spread: successive differences of the latencies of requests admitted at the same
+  in-flight level, at levels up to the estimate, over 20 rounds. A queue differs
+  between levels and a step change (a slower model) adds one term, so neither
+  reads as variation. A coefficient of variation above 0.15 (after 4 differences)
+  turns means on, below 0.07 off; constant service (spread 0) stays on minima;
+- latency: the mean of the requests that saw no queue. Per in-flight level, the
+  mean latency (a moving mean over its last 256 requests, so a level seldom
+  visited keeps its weight); walking up from the lowest level, a level joins while
+  it is not both 10 % and 3 standard errors above the levels below, and the walk
+  stops at the first of two such levels in a row (a queue raises every level above
+  the knee, whatever the estimate, so a small queue cannot creep into the mean);
+- rate: completions seen over latency, pooled over every request of two rounds
+  (rounds of at least 8 completions), maximum over 10 rounds; the cruise limit
+  rounds the estimate up (a slot too few idles a worker);
+- start-up again (rounds of 4 completions; once 32 requests back the mean, a
+  stalled rate doubles anyway, a queue ends it); a round queued when its mean is
+  25 % and 3 standard errors above the unqueued mean (once 32 requests back it); a
+  drain still at twice the mean means a slower service; no per-request cut (one
+  slow request is the tail), no ceiling from a noisy rate, a failed probe does
+  not space probes out, and drops count as overload only above 10 % of a round
+  (the slowest requests time out at any limit).
+Means need more samples than minima: the limit settles in seconds at 100 ms per
+request rather than in a few rounds, and it runs a slot or a few above the workers
+(the knee is not sharper than the noise). A single worker at 0.5 s per request
+gives too few samples in 30 s: minima (limit 1) happened to suit it better.
 """
 
 from __future__ import annotations
@@ -74,6 +98,19 @@ _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut n
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
+# Widely varying service times (see "Variable service" in the module docstring).
+_VARIABLE_ON = 0.15  # within-level coefficient of variation that turns means on
+_VARIABLE_OFF = 0.07  # ... and below which minima are used again (hysteresis)
+_VARIABLE_DOF = 4  # degrees of freedom the variation needs before it is trusted
+_VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
+_VARIABLE_STARTUP_ROUND = 4  # ... in start-up, where the rate doubles from round to round
+_VARIABLE_QUEUE_RISE = 1.25  # round mean over this x the unqueued mean (and significant)
+_VARIABLE_Z = 3.0  # standard errors a round mean must rise by to count as a queue
+_VARIABLE_SLOWER = 2.0  # a drain's mean over this x the unqueued mean: slower service
+_VARIABLE_DROPS = 0.1  # share of a round's requests dropped that means overload
+_VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are judged by it
+_LEVEL_MEMORY = 256.0  # requests: a level's mean weighs at most this many
+_LEVEL_RISE = 1.1  # a level this much slower than those below it (and significantly) queued
 
 
 class _State(enum.Enum):
@@ -105,6 +142,11 @@ class Little(LimitAlgorithm):
     _round_own_rate: float
     _round_drops: int
     _round_saturated: bool
+    # in-flight level -> [count, latency sum, squared successive differences, their count]
+    _round_levels: dict[int, list[float]]
+    _round_completed: int  # successes, whenever admitted
+    _round_count_sum: float  # completions seen during the round's requests' lives
+    _round_rtt_sum: float
 
     def __init__(
         self,
@@ -163,6 +205,23 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
+        # Variable service (see the module docstring): the delivery rate of each
+        # round pooled with the previous one's, and (halved squared successive
+        # differences, their count, latency sum, count) at unqueued levels over
+        # twice as many rounds, for the spread.
+        self._variable = False
+        self._vrates: deque[float] = deque(maxlen=filter_rounds)
+        self._spread: deque[tuple[float, float, float, float]] = deque(maxlen=2 * filter_rounds)
+        self._spread_totals = [0.0, 0.0, 0.0, 0.0]
+        self._vrate_max = 0.0
+        self._latency_mean = math.inf
+        self._latency_sd = 0.0
+        self._cut_threshold = math.inf
+        self._previous_rate_parts = (0.0, 0.0)  # (completions seen, latency sum)
+        self._level_last: dict[int, float] = {}  # the last latency seen per in-flight level
+        # Per in-flight level: [count, latency sum], both decayed each round.
+        self._level_stats: dict[int, list[float]] = {}
+        self._latency_weight = 0.0  # requests behind the unqueued mean (decayed)
 
     @property
     def limit(self) -> int:
@@ -183,8 +242,25 @@ class Little(LimitAlgorithm):
         """``startup``, ``cruise``, ``probe`` or ``drain``."""
         return self._state.value
 
+    @property
+    def _variable_round(self) -> int:
+        """Successes a round needs with variable service: fewer in start-up (speed)."""
+        return _VARIABLE_STARTUP_ROUND if self._state is _State.STARTUP else _VARIABLE_ROUND
+
+    @property
+    def variable(self) -> bool:
+        """True while service times vary widely and means replace minima."""
+        return self._variable
+
     def estimate(self) -> float:
-        """The bandwidth-delay product (rate_max x latency_min), or 0 while unknown."""
+        """The bandwidth-delay product (rate_max x latency_min), or 0 while unknown.
+
+        With widely varying service times: pooled rate max x mean unqueued latency.
+        """
+        if self._variable:
+            if self._vrate_max <= 0 or self._latency_mean == math.inf:
+                return 0.0
+            return self._vrate_max * self._latency_mean
         if self._rate_max <= 0 or self._latency_min == math.inf:
             return 0.0
         return self._rate_max * self._latency_min
@@ -192,7 +268,8 @@ class Little(LimitAlgorithm):
     def describe(self) -> str:
         return (
             f"little(limit={self._limit}, rate_max={self._rate_max:.2f}/s, "
-            f"latency_min={self._latency_min:.4f}s, {self._state.value})"
+            f"latency_min={self._latency_min:.4f}s, {self._state.value}"
+            f"{', variable' if self._variable else ''})"
         )
 
     # ---------------------------------------------------------------- samples
@@ -213,11 +290,32 @@ class Little(LimitAlgorithm):
             # Any request's delivery rate is a lower bound on capacity, whenever it
             # was admitted (the filter takes them all); judging this round's limit
             # (probe, drain) takes only the requests admitted under it.
-            rate = self._delivery_rate(now, rtt)
+            count = self._completions_during(now, rtt)
+            # A latency under a microsecond is timer noise: never divide by less.
+            rate = count / max(rtt, _MIN_INTERVAL) if rtt > 0 else 0.0
             if rate > self._round_rate:
                 self._round_rate = rate
-            if rtt > _SAMPLE_QUEUE_RISE * self._latency_min:
+            if rtt > self._cut_threshold:
                 self._cut_if_queued()
+            # Means take every completion, whenever admitted: the requests admitted
+            # in a round that also end in it are the short ones.
+            self._round_completed += 1
+            self._round_count_sum += count
+            self._round_rtt_sum += rtt
+            # Successive differences at one in-flight level measure the spread of
+            # service times; a step change (a slower model) adds one term.
+            inflight = sample.inflight
+            last = self._level_last.get(inflight)
+            self._level_last[inflight] = rtt
+            level = self._round_levels.get(inflight)
+            if level is None:
+                level = self._round_levels[inflight] = [0.0, 0.0, 0.0, 0.0]
+            level[0] += 1.0
+            level[1] += rtt
+            if last is not None:
+                difference = rtt - last
+                level[2] += difference * difference  # (** overflows on huge floats)
+                level[3] += 1.0
             if in_round:
                 self._round_successes += 1
                 if rtt < self._round_latency:
@@ -227,13 +325,19 @@ class Little(LimitAlgorithm):
                 if sample.inflight >= self._limit:
                     self._round_saturated = True
         turned_over = self._round_successes + self._round_drops
-        if 2 * turned_over >= self._limit and now - self._round_start >= self.min_round:
+        if (
+            2 * turned_over >= self._limit
+            and now - self._round_start >= self.min_round
+            and (not self._variable or self._round_completed >= self._variable_round)
+        ):
             # Half the slots have turned over under this round's limit.
             self._end_round(now)
         return self._limit
 
-    def _delivery_rate(self, now: float, rtt: float) -> float:
-        """Completions during this request's life (itself included) per second.
+    def _completions_during(self, now: float, rtt: float) -> int:
+        """Completions during this request's life, itself included.
+
+        Divided by the latency: the request's delivery rate.
 
         As BBR's per-packet delivery rate: it cannot exceed the capacity however
         many requests were in flight, since a queued request's latency grows with
@@ -253,10 +357,9 @@ class Little(LimitAlgorithm):
                 start = 0
             self._history_start = start
         if rtt <= 0:
-            return 0.0
+            return 1
         admitted = bisect.bisect_right(completions, now - rtt, lo=self._history_start)
-        # A latency under a microsecond is timer noise: never divide by less.
-        return (len(completions) - admitted) / max(rtt, _MIN_INTERVAL)
+        return len(completions) - admitted
 
     def _cut_if_queued(self) -> None:
         """A request queued far beyond the minimum latency: stop over-admitting now."""
@@ -280,6 +383,10 @@ class Little(LimitAlgorithm):
         self._round_own_rate = 0.0
         self._round_drops = 0
         self._round_saturated = False
+        self._round_levels = {}
+        self._round_completed = 0
+        self._round_count_sum = 0.0
+        self._round_rtt_sum = 0.0
 
     def _end_round(self, now: float) -> None:
         assert self._round_start is not None
@@ -288,18 +395,47 @@ class Little(LimitAlgorithm):
         own_rate = self._round_own_rate
         latency = self._round_latency
         saturated = self._round_saturated
+        levels = self._round_levels
+        count_sum, rtt_sum = self._round_count_sum, self._round_rtt_sum
+        pooled_rate = count_sum / rtt_sum if rtt_sum > 0 else 0.0
+        completed = self._round_completed
+        round_mean = self._round_rtt_sum / completed if completed else math.inf
         self._start_round(now)
 
         previous_min = self._latency_min
         queue_formed = latency < math.inf and latency > _QUEUE_RISE * previous_min
+        variable = self._variable
+        if variable:
+            # Means, not minima: one short request says nothing about the workers.
+            se = self._latency_sd / math.sqrt(completed) if completed else 0.0
+            queue_formed = (
+                round_mean < math.inf
+                and self._latency_weight >= _VARIABLE_BASELINE
+                and round_mean > _VARIABLE_QUEUE_RISE * self._latency_mean
+                and round_mean > self._latency_mean + _VARIABLE_Z * se
+            )
         measuring = saturated or queue_formed
         if latency < math.inf or measuring:
             # App-limited rounds carry the estimate: a quiet period is no evidence.
             self._rounds.append((rate if measuring else max(rate, self._rate_max), latency))
+        # A round that queued adds no latency to the unqueued mean.
+        self._observe_spread(
+            {} if variable and queue_formed else levels, levels, count_sum, rtt_sum, measuring
+        )
+        if self._variable is not variable:
+            return  # switched: start-up measures again
+        if variable:
+            latency = round_mean
+            rate = own_rate = pooled_rate
         if (
             self._state is _State.DRAIN
             and queue_formed
-            and latency >= _DRAIN_UNCHANGED * self._previous_round_latency
+            # With variable service: the drain's mean still twice the unqueued one.
+            and (
+                latency > _VARIABLE_SLOWER * self._latency_mean
+                if variable
+                else latency >= _DRAIN_UNCHANGED * self._previous_round_latency
+            )
         ):
             # Draining did not bring latency down: the service itself got slower.
             # Forget the rounds of the faster past, rates and latencies together, and
@@ -307,10 +443,21 @@ class Little(LimitAlgorithm):
             workers = self._slots(self.estimate())
             self._rounds.clear()
             self._rounds.append((workers / latency, latency))
+            if self._variable:
+                self._vrates.clear()
+                self._vrates.append(workers / latency)
+                self._latency_mean = latency
+                self._level_stats.clear()
+                self._latency_weight = 0.0
+                self._vrate_max = workers / latency
         self._previous_round_latency = latency
         if self._rounds:
             self._rate_max = max(r for r, _ in self._rounds)
             self._latency_min = min(lat for _, lat in self._rounds)
+        self._cut_threshold = _SAMPLE_QUEUE_RISE * self._latency_min
+        if self._variable:
+            # One slow request is the service's tail, not a queue: rounds judge.
+            self._cut_threshold = math.inf
 
         bdp = self.estimate()
         if drops and not successes:
@@ -325,10 +472,18 @@ class Little(LimitAlgorithm):
             return
         if bdp <= 0:
             return
+        # A widely varying service times out its slowest requests at any limit: only
+        # a share of drops above that tail is a sign of overload.
+        overloaded = drops > _VARIABLE_DROPS * (drops + successes) if variable else drops > 0
         if self._state is _State.STARTUP:
-            self._startup_round(rate, measuring, queue_formed, drops > 0, bdp)
+            self._startup_round(rate, measuring, queue_formed, overloaded, bdp)
         elif self._state is _State.DRAIN:
-            if measuring and 0 < self._limit < self._cruise_limit and self._cruise_rate > 0:
+            if (
+                measuring
+                and not variable  # a noisy rate would find idle slots by chance
+                and 0 < self._limit < self._cruise_limit
+                and self._cruise_rate > 0
+            ):
                 removed = self._cruise_limit - self._limit
                 expected_loss = self._cruise_rate * removed / self._cruise_limit
                 if own_rate >= self._cruise_rate - _PROBE_SUCCESS * expected_loss:
@@ -338,7 +493,7 @@ class Little(LimitAlgorithm):
         elif not measuring:
             return  # app-limited: nothing learned about capacity
         elif self._state is _State.PROBE:
-            self._probe_round(own_rate, drops > 0, bdp)
+            self._probe_round(own_rate, overloaded, bdp)
         else:
             self._cruise_rate = own_rate
             self._cruise_limit = self._limit
@@ -347,10 +502,129 @@ class Little(LimitAlgorithm):
                 # Latency jumped: a queue behind our back or a slower service. A
                 # drain round tells which (and whether the last slot was idle).
                 self._enter_drain()
-            elif self._cruise_rounds >= self._probe_interval and not drops:
+            elif self._cruise_rounds >= self._probe_interval and not overloaded:
                 self._enter_probe(own_rate, bdp)
             else:
                 self._limit = self._clamp(self._base(bdp))
+
+    def _observe_spread(
+        self,
+        levels: dict[int, list[float]],
+        all_levels: dict[int, list[float]],
+        seen: float,
+        rtt_sum: float,
+        measuring: bool,
+    ) -> None:
+        """Fold a round's latencies per in-flight level into the variable-service state.
+
+        Only levels at or under the estimate count (their requests saw no queue at
+        the origin); the spread is measured within each level so that a queue (or a
+        capacity change) between levels is not mistaken for variable service.
+        """
+        bdp = self.estimate()
+        unqueued = self._slots(bdp) if bdp > 0 else 0
+        deviations, dof, total, count = 0.0, 0, 0.0, 0
+        for level, (n, s, squares, differences) in levels.items():
+            if level > unqueued:
+                continue
+            deviations += squares / 2  # E[(x - y)^2] = 2 var for independent x, y
+            dof += int(differences)
+            total += s
+            count += int(n)
+        if count:
+            # Running totals over the window (summing it every round costs more).
+            spread, totals = self._spread, self._spread_totals
+            if len(spread) == spread.maxlen:
+                for i, value in enumerate(spread[0]):
+                    totals[i] -= value
+            entry = (deviations, float(dof), total, float(count))
+            spread.append(entry)
+            for i, value in enumerate(entry):
+                totals[i] += value
+        # The delivery rate pooled over the requests of this round and the previous
+        # one (a maximum over rounds of a few requests each would overcount). A quiet
+        # round's rate is still a lower bound on capacity: it can only raise the max.
+        previous_seen, previous_rtt = self._previous_rate_parts
+        self._previous_rate_parts = (seen, rtt_sum) if measuring else (0.0, 0.0)
+        if rtt_sum > 0:
+            pooled = (seen + previous_seen) / max(rtt_sum + previous_rtt, _MIN_INTERVAL)
+            self._vrates.append(pooled if measuring else max(pooled, self._vrate_max))
+            self._vrate_max = max(self._vrates)
+        self._fold_levels(all_levels)
+        all_deviations, all_dof, all_total, all_count = self._spread_totals
+        if all_dof < _VARIABLE_DOF - 0.5:
+            return
+        mean = all_total / all_count if all_count > 0 else 0.0
+        self._latency_sd = math.sqrt(max(0.0, all_deviations) / all_dof)
+        cv = self._latency_sd / mean if mean > 0 else 0.0
+        if not self._variable and cv > _VARIABLE_ON:
+            # Minima undercount the workers: measure again with means from start-up,
+            # which doubles the limit at once (the minima left it far too low).
+            self._variable = True
+            self._state = _State.STARTUP
+            self._startup_best_rate = 0.0
+            self._startup_stalls = 0
+            self._ceiling = None
+            self._cut_threshold = math.inf  # one slow request is the tail, not a queue
+            self._limit = self._clamp(_STARTUP_GAIN * self._limit)
+        elif self._variable and cv < _VARIABLE_OFF:
+            self._variable = False
+            self._enter_cruise_if_known()
+
+    def _fold_levels(self, levels: dict[int, list[float]]) -> None:
+        """Update the latency per in-flight level and the mean below the knee.
+
+        Walking up from the lowest level, a level joins the unqueued mean while its
+        own mean is not significantly higher than those below: a queue shows as
+        latency rising with the level, whatever the estimate (which would otherwise
+        let a small queue creep into the mean and the limit up with it).
+        """
+        stats = self._level_stats
+        for level, (n, total, _, _) in levels.items():
+            known = stats.get(level)
+            if known is None:
+                known = stats[level] = [n, total]
+            else:
+                known[0] += n
+                known[1] += total
+            if known[0] > _LEVEL_MEMORY:
+                # Past this, a moving mean: a level seldom visited (the anchor for
+                # those above it) keeps its weight; a visited one follows drift.
+                scale = _LEVEL_MEMORY / known[0]
+                known[0] = _LEVEL_MEMORY
+                known[1] *= scale
+        # A queue raises every level above the knee: stop at the first of two
+        # levels in a row that are both significantly slower (one is noise).
+        pooled_n = pooled_sum = 0.0
+        pending: tuple[float, float] | None = None
+        sd = self._latency_sd
+        for _, (n, total) in sorted(stats.items()):
+            if n <= 0:
+                continue
+            if pooled_n > 0:
+                base = pooled_sum / pooled_n
+                mean = total / n
+                if mean > _LEVEL_RISE * base and mean > base + _VARIABLE_Z * sd * math.sqrt(
+                    1 / n + 1 / pooled_n
+                ):
+                    if pending is not None:
+                        break
+                    pending = (n, total)
+                    continue
+            if pending is not None:
+                pooled_n += pending[0]
+                pooled_sum += pending[1]
+                pending = None
+            pooled_n += n
+            pooled_sum += total
+        if pooled_n > 0:
+            self._latency_mean = pooled_sum / pooled_n
+        self._latency_weight = pooled_n
+
+    def _enter_cruise_if_known(self) -> None:
+        bdp = self.estimate()
+        if bdp > 0:
+            self._enter_cruise(bdp)
 
     def _startup_round(
         self, rate: float, measuring: bool, queue_formed: bool, dropped: bool, bdp: float
@@ -363,8 +637,13 @@ class Little(LimitAlgorithm):
         if measuring and rate >= _STARTUP_GROWTH * self._startup_best_rate:
             self._startup_best_rate = rate
             self._startup_stalls = 0
-            self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * self._latency_min))
+            latency = self._latency_mean if self._variable else self._latency_min
+            self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * latency))
             return
+        if self._variable and measuring and self._latency_weight >= _VARIABLE_BASELINE:
+            # A noisy rate stalls by chance: double anyway while a queue would be
+            # seen (and would end start-up).
+            self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         self._startup_stalls += 1
         if self._startup_stalls >= _STARTUP_STALL_ROUNDS:
             self._enter_drain()
@@ -383,7 +662,8 @@ class Little(LimitAlgorithm):
         else:
             # Nothing more to find: probe half as often next time, so a server at its
             # capacity is not made to queue every few rounds.
-            self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
+            if not self._variable:  # a probe fails by chance when the rate is noisy
+                self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
             self._enter_drain()
 
     def _slots(self, estimate: float) -> int:
@@ -391,8 +671,14 @@ class Little(LimitAlgorithm):
         return max(1, round(estimate)) if math.isfinite(estimate) else self.max_limit
 
     def _base(self, bdp: float) -> int:
-        """The cruise limit: the estimate, under the ceiling a drain may have found."""
+        """The cruise limit: the estimate, under the ceiling a drain may have found.
+
+        With variable service, rounded up: a slot too many queues a little, a slot
+        too few idles a worker, and the estimate is noisy.
+        """
         base = self._slots(bdp)
+        if self._variable and math.isfinite(bdp):
+            base = max(1, math.ceil(bdp))
         return base if self._ceiling is None else min(base, self._ceiling)
 
     def _enter_probe(self, rate: float, bdp: float) -> None:
