@@ -217,6 +217,7 @@ class Little(LimitAlgorithm):
         self._latency_mean = math.inf
         self._latency_sd = 0.0
         self._cut_threshold = math.inf
+        self._cut_above = 0  # see _end_round
         self._previous_rate_parts = (0.0, 0.0)  # (completions seen, latency sum)
         self._level_last: dict[int, float] = {}  # the last latency seen per in-flight level
         # Per in-flight level: [count, latency sum], both decayed each round.
@@ -295,7 +296,7 @@ class Little(LimitAlgorithm):
             rate = count / max(rtt, _MIN_INTERVAL) if rtt > 0 else 0.0
             if rate > self._round_rate:
                 self._round_rate = rate
-            if rtt > self._cut_threshold:
+            if rtt > self._cut_threshold and self._limit > self._cut_above:
                 self._cut_if_queued()
             # Means take every completion, whenever admitted: the requests admitted
             # in a round that also end in it are the short ones.
@@ -455,6 +456,9 @@ class Little(LimitAlgorithm):
             self._rate_max = max(r for r, _ in self._rounds)
             self._latency_min = min(lat for _, lat in self._rounds)
         self._cut_threshold = _SAMPLE_QUEUE_RISE * self._latency_min
+        # _cut_if_queued acts only above this limit; known here, where the filters move,
+        # so a run of slow samples does not recompute it each time.
+        self._cut_above = self._slots(self.estimate()) + 1 if self.estimate() > 0 else 0
         if self._variable:
             # One slow request is the service's tail, not a queue: rounds judge.
             self._cut_threshold = math.inf
