@@ -381,3 +381,14 @@ def test_a_queue_full_in_time_refuses_at_once_in_fifo(discipline: str) -> None:
     assert clock.now() == 0.0  # refused without waiting
     critical = rec.submit(adm, "vip", priority=Priority.CRITICAL)
     assert isinstance(critical, Ticket)  # nothing critical is ahead of it
+
+
+def test_a_zero_wait_bound_still_queues_when_nothing_is_ahead() -> None:
+    adm, _, _ = make(limit=1, initial_service_time=1.0, max_queue_wait=0.0)
+    rec = Recorder()
+    held = rec.submit(adm, "run")
+    assert isinstance(held, Token)
+    assert isinstance(rec.submit(adm, "first"), Ticket)  # may be granted this very tick
+    with pytest.raises(Rejected) as info:
+        rec.submit(adm, "second")
+    assert info.value.reason is RejectReason.LIMIT

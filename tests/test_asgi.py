@@ -290,3 +290,70 @@ def test_bad_configuration_fails_at_start() -> None:
         LoadShedMiddleware(build_app(Gate()), limit="turbo")
     with pytest.raises(ConfigError, match="disconnect_watch_after"):
         LoadShedMiddleware(build_app(Gate()), disconnect_watch_after=-1)
+
+
+_SHARED_START = {"type": "http.response.start", "status": 200, "headers": [(b"x-app", b"1")]}
+
+
+async def shared_message_app(scope: Any, receive: Any, send: Any) -> None:
+    """Sends the same start message dict every time (allowed by ASGI)."""
+    await send(_SHARED_START)
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def test_server_timing_never_piles_up_on_an_app_that_reuses_its_message() -> None:
+    with serve(LoadShedMiddleware(shared_message_app, limiter=Limiter(Fixed(4)))) as url:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(3):
+                async with session.get(url) as resp:
+                    assert resp.status == 200
+                    assert len(resp.headers.getall("server-timing")) == 1
+    assert _SHARED_START["headers"] == [(b"x-app", b"1")]
+
+
+async def test_patience_learned_after_admission_is_the_wait_until_the_client_left(
+    gate: Gate,
+) -> None:
+    limiter = Limiter(Fixed(3))
+    _app, server = run_server(gate, limiter)
+    with server as url:
+        for i in range(3):
+            async with aiohttp.ClientSession() as impatient:
+                running = asyncio.ensure_future(impatient.get(f"{url}/slow?id={i}"))
+                await wait_entered(gate)
+                await asyncio.sleep(0.1)
+                running.cancel()
+        await asyncio.sleep(0.6)  # the app works on, far longer than the clients waited
+        gate.release.set()
+        for _ in range(400):
+            if limiter.inflight == 0:
+                break
+            await asyncio.sleep(0.005)
+    patience = limiter.admission.patience.patience
+    assert patience is not None and patience < 0.5  # not the app's run time
+    assert limiter.snapshot().counts["dropped"] == 3
+
+
+async def polling_app(scope: Any, receive: Any, send: Any) -> None:
+    """Reads the body, polls receive with a timeout (cancelling it), then works."""
+    while (await receive()).get("more_body"):
+        pass
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(receive(), 0.02)
+    await asyncio.sleep(0.6)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"late"})
+
+
+async def test_a_client_leaving_an_app_that_polled_receive_is_still_seen() -> None:
+    limiter = Limiter(Fixed(2))
+    with serve(LoadShedMiddleware(polling_app, limiter=limiter)) as url:
+        async with aiohttp.ClientSession() as impatient:
+            running = asyncio.ensure_future(impatient.post(url, data=b"x" * 100))
+            await asyncio.sleep(0.25)
+            running.cancel()
+        for _ in range(400):
+            if limiter.inflight == 0:
+                break
+            await asyncio.sleep(0.005)
+    assert limiter.snapshot().counts["dropped"] == 1

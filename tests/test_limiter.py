@@ -112,3 +112,13 @@ async def test_leave_ends_a_queued_wait_with_the_reason_and_never_releases_a_gra
     assert not token.released and limiter.inflight == 1
     token.release()
     assert limiter.inflight == 0
+
+
+def test_enter_without_a_running_loop_leaves_nothing_queued() -> None:
+    limiter = Limiter(Fixed(1), max_queue_wait=5)
+    held = limiter.try_acquire()
+    with pytest.raises(RuntimeError):
+        limiter.enter()
+    assert limiter.queue_length == 0
+    held.release()  # nothing left to grant: no error, nothing in flight
+    assert limiter.inflight == 0

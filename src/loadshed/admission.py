@@ -349,10 +349,12 @@ class Admission:
                 raise self._refuse(RejectReason.DEADLINE, 0.0)
 
         max_wait = self._max_wait()
+        ahead = self._waiting_at_or_above(priority)
         if (
             self.discipline == "fifo"
+            and ahead  # nothing ahead: it may still be granted before max_wait
             and service_mean is not None
-            and self._waiting_at_or_above(priority) / max(1, self.limit) * service_mean >= max_wait
+            and ahead / max(1, self.limit) * service_mean >= max_wait
         ):
             # The queue is full in time: what is ahead alone takes the whole wait
             # bound, so this request would only time out in the queue. Refusing now

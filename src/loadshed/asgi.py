@@ -242,9 +242,9 @@ class LoadShedMiddleware:
                 if server_timing:
                     app_ms = (now() - token.admitted_at) * 1000.0
                     timing = b"queue;dur=%.1f, app;dur=%.1f" % (token.queue_wait * 1000.0, app_ms)
-                    # A new header list (the app may reuse its own), in the app's message:
-                    # ASGI messages are built per send, as Starlette's middleware assume.
-                    message["headers"] = [*message.get("headers", ()), (b"server-timing", timing)]
+                    # A new message and header list: an app may send the same dict every time.
+                    headers = [*message.get("headers", ()), (b"server-timing", timing)]
+                    message = {**message, "headers": headers}
             elif not message.get("more_body", False):
                 watch.answered = True  # a disconnect from here on is the normal end
             await send(message)
@@ -263,7 +263,7 @@ class LoadShedMiddleware:
             # The client left while the app worked: the answer reached nobody. An
             # overload sign for the limit, and a give-up that teaches patience.
             token.release(Outcome.DROPPED)
-            limiter.client_gave_up(now() - token.admitted_at + token.queue_wait)
+            limiter.client_gave_up(watch.gone_after)
         elif status >= 500 or (deadline is not None and now() > deadline):
             token.release(Outcome.DROPPED)
         elif 400 <= status < 500 or status == 0:
@@ -400,6 +400,8 @@ class _Watch:
     """The last body message was sent: later disconnects are the normal end."""
     gone = False
     """The client disconnected before the answer was complete."""
+    gone_after = 0.0
+    """Seconds from arrival to the disconnect (what the client was willing to wait)."""
     on_stop: Callable[[], None] | None = None
     """Called when the reader stops (disconnect or body over the bound)."""
 
@@ -435,21 +437,30 @@ class _Watch:
         self._inside += 1
         try:
             message = await self._receive()
-        finally:
+        except BaseException:  # e.g. the app polls with a timeout: watch in its place
             self._inside -= 1
+            if self._due and not self._inside and not self._body_unread:
+                self.start()
+            raise
+        self._inside -= 1
         if message["type"] == "http.disconnect":
-            self.gone = not self.answered
+            self._client_left()
         elif not message.get("more_body", False):
             self._body_unread = False
-            if self._due:
-                self.start()
+        if self._due and not self._inside and not self._body_unread:
+            self.start()
         return message
+
+    def _client_left(self) -> None:
+        if not self.answered and not self.gone:
+            self.gone = True
+            self.gone_after = time.monotonic() - self.since
 
     def _reader_stopped(self) -> None:
         body = self._body
         assert body is not None
-        if body.messages and body.messages[-1]["type"] == "http.disconnect" and not self.answered:
-            self.gone = True
+        if body.messages and body.messages[-1]["type"] == "http.disconnect":
+            self._client_left()
         if self.on_stop is not None:
             self.on_stop()
 

@@ -134,6 +134,8 @@ class Limiter:
             return token
         # The callbacks only fire after submit() returned a ticket, by which time the
         # future exists: a refusal (the common case under overload) never makes one.
+        # The loop is fetched first: without one, nothing may be left queued.
+        loop = asyncio.get_running_loop()
         future: asyncio.Future[Token]
 
         def on_grant(token: Token) -> None:
@@ -151,7 +153,6 @@ class Limiter:
         )
         if isinstance(result, Token):
             return result
-        loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._arm_timer(loop)
         return Waiting(self.admission, result, future)
