@@ -71,6 +71,14 @@ def run_server(gate: Gate, limiter: Limiter, **options: Any) -> Any:
     return app, serve(app)
 
 
+async def until_idle(limiter: Limiter) -> None:
+    """Wait (at most 2 s) until nothing is in flight."""
+    for _ in range(400):
+        if limiter.inflight == 0:
+            return
+        await asyncio.sleep(0.005)
+
+
 async def wait_entered(gate: Gate, count: int = 1) -> None:
     for _ in range(count):
         assert await asyncio.to_thread(gate.entered.acquire, True, 10)
@@ -190,10 +198,7 @@ async def test_client_leaving_after_admission_is_a_drop_and_a_lesson_in_patience
         await asyncio.sleep(0.1)
         assert limiter.inflight == 1  # the app still works on it: the slot stays held
         gate.release.set()
-        for _ in range(400):
-            if limiter.inflight == 0:
-                break
-            await asyncio.sleep(0.005)
+        await until_idle(limiter)
         counts = limiter.snapshot().counts
         assert counts["dropped"] == 1 and counts["success"] == 0
         assert limiter.admission.patience.samples == 1
@@ -325,10 +330,7 @@ async def test_patience_learned_after_admission_is_the_wait_until_the_client_lef
                 running.cancel()
         await asyncio.sleep(0.6)  # the app works on, far longer than the clients waited
         gate.release.set()
-        for _ in range(400):
-            if limiter.inflight == 0:
-                break
-            await asyncio.sleep(0.005)
+        await until_idle(limiter)
     patience = limiter.admission.patience.patience
     assert patience is not None and patience < 0.5  # not the app's run time
     assert limiter.snapshot().counts["dropped"] == 3
@@ -352,8 +354,5 @@ async def test_a_client_leaving_an_app_that_polled_receive_is_still_seen() -> No
             running = asyncio.ensure_future(impatient.post(url, data=b"x" * 100))
             await asyncio.sleep(0.25)
             running.cancel()
-        for _ in range(400):
-            if limiter.inflight == 0:
-                break
-            await asyncio.sleep(0.005)
+        await until_idle(limiter)
     assert limiter.snapshot().counts["dropped"] == 1
