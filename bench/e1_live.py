@@ -63,6 +63,11 @@ def main() -> None:
     parser.add_argument("--clients", default=DEFAULT_CLIENTS)
     parser.add_argument("--protect", default=DEFAULT_PROTECT)
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--honor-retry-after",
+        action="store_true",
+        help="clients wait out a 503's Retry-After (E1's, like bombardier's, retry at once)",
+    )
     args = parser.parse_args()
     try:
         config = LiveConfig(
@@ -71,6 +76,7 @@ def main() -> None:
             scale=args.scale,
             duration_s=parse_duration(args.duration, "--duration"),
             warmup_s=parse_duration(args.warmup, "--warmup"),
+            honor_retry_after=args.honor_retry_after,
         )
     except ConfigError as error:
         parser.error(str(error))

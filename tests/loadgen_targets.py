@@ -38,6 +38,7 @@ class Target:
         app.router.add_get("/mix", self.mix)
         app.router.add_get("/slots/{n}/{ms}", self.slots)
         app.router.add_post("/echo", self.echo)
+        app.router.add_get("/shed", self.shed)
         app.router.add_route("*", "/chunked", self.chunked)
         return app
 
@@ -49,6 +50,12 @@ class Target:
         self.hits += 1
         await asyncio.sleep(int(request.match_info["ms"]) / 1e3)
         return web.Response(text="ok")
+
+    async def shed(self, request: web.Request) -> web.Response:
+        """Always 503 with ``Retry-After: <after>`` (the query parameter)."""
+        self.hits += 1
+        headers = {"Retry-After": request.query.get("after", "1")}
+        return web.Response(status=503, text="overloaded", headers=headers)
 
     async def status(self, request: web.Request) -> web.Response:
         self.hits += 1

@@ -172,3 +172,34 @@ def test_generator_that_falls_behind_refuses_the_run() -> None:
         with pytest.raises(GeneratorSaturated, match="generator saturated") as info:
             run_bench(options)
     assert info.value.result.scheduled == 100
+
+
+@pytest.mark.parametrize("client", ["raw", "aiohttp"])
+def test_closed_loop_clients_wait_out_retry_after_only_when_asked(client: str) -> None:
+    with serve_target() as target:
+        url = f"{target.url}/shed?after=1"
+        polite = run_bench(
+            BenchOptions(url=url, clients=2, duration_s=1.5, client=client, honor_retry_after=True)
+        )
+        rude = run_bench(BenchOptions(url=url, clients=2, duration_s=1.5, client=client))
+    # Each polite client: a 503 at once, a second after 1 s, then waits out the window.
+    assert 2 <= polite.status_counts[503] <= 4
+    assert rude.status_counts[503] > 50  # retrying at once, as wrk and bombardier do
+
+
+def test_honor_retry_after_is_refused_for_the_open_loop() -> None:
+    from loadshed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--honor-retry-after"):
+        BenchOptions(url="http://127.0.0.1:1/", rate=10, honor_retry_after=True)
+
+
+def test_retry_after_is_read_as_seconds_and_junk_is_ignored() -> None:
+    from loadshed.loadgen.options import parse_retry_after
+
+    assert parse_retry_after(b"2") == 2.0
+    assert parse_retry_after("0.5") == 0.5
+    assert parse_retry_after(b"Wed, 21 Oct 2015 07:28:00 GMT") is None
+    assert parse_retry_after(b"-1") is None
+    assert parse_retry_after(b"nan") is None
+    assert parse_retry_after(None) is None

@@ -78,6 +78,8 @@ class LiveConfig:
     duration_s: float = 4.0
     warmup_s: float = 1.0
     workers: int = 1
+    honor_retry_after: bool = False
+    """Clients wait out a 503's Retry-After (E1's clients, like bombardier, do not)."""
 
     def __post_init__(self) -> None:
         if not self.protect:
@@ -314,6 +316,7 @@ def run_live(
                     duration_s=config.duration_s,
                     warmup_s=config.warmup_s,
                     timeout_s=config.timeout_s,
+                    honor_retry_after=config.honor_retry_after,
                 )
                 step = LiveStep(protect, clients, run_bench(options), drain_s)
                 steps.append(step)
@@ -333,6 +336,7 @@ def results_json(config: LiveConfig, steps: Sequence[LiveStep]) -> dict[str, Any
         "capacity_rps": config.capacity_rps,
         "duration_s": config.duration_s,
         "warmup_s": config.warmup_s,
+        "honor_retry_after": config.honor_retry_after,
         "steps": [step.summary(config.capacity_rps) for step in steps],
     }
 

@@ -115,6 +115,13 @@ def _request_options(func: F) -> F:
             help="HTTP client: raw (lean keep-alive HTTP/1.1 on httptools, the default when "
             "installed) or aiohttp.",
         ),
+        click.option(
+            "--honor-retry-after",
+            is_flag=True,
+            help="Closed loop: after a 429/503 with Retry-After, a client waits that long "
+            "before its next request (well-behaved clients; by default they retry at once, "
+            "as wrk and bombardier do).",
+        ),
         click.option("--quiet", "-q", is_flag=True, help="No live progress line."),
     ]
     for decorator in reversed(decorators):
@@ -166,6 +173,7 @@ def _options(
         seed=common["seed"],
         max_lag_s=common["max_lag"],
         client=common["client"],
+        honor_retry_after=common["honor_retry_after"],
     )
 
 

@@ -19,7 +19,12 @@ import aiohttp
 from yarl import URL
 
 from loadshed.clock import MONOTONIC, Clock
-from loadshed.loadgen.options import BenchOptions
+from loadshed.loadgen.options import (
+    REJECTED_STATUSES,
+    RETRY_AFTER,
+    BenchOptions,
+    parse_retry_after,
+)
 from loadshed.loadgen.results import RunResult
 from loadshed.loadgen.schedule import arrival_offsets
 
@@ -161,6 +166,8 @@ class Engine:
                 response.close()  # a timeout mid-body: drop the connection
                 raise
             response.release()
+            if response.status in REJECTED_STATUSES:
+                RETRY_AFTER.set(parse_retry_after(response.headers.get("Retry-After")))
             return response.status
 
         return send, session.close
@@ -251,9 +258,15 @@ class Engine:
     async def _client(self, send: SendFunction) -> None:
         end = self._window_end
         now = self.clock.now
+        honor_retry_after = self.options.honor_retry_after
         while now() < end:
             start = now()
+            RETRY_AFTER.set(None)
             await self._request(send, start)
+            if honor_retry_after:
+                wait = RETRY_AFTER.get()
+                if wait:
+                    await asyncio.sleep(min(wait, max(0.0, end - now())))
 
     # -- open loop ----------------------------------------------------------------------------
 

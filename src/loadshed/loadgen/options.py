@@ -5,6 +5,7 @@ Invalid options fail here, at construction, with a :class:`ConfigError` naming t
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import math
 from typing import Literal
@@ -17,10 +18,12 @@ __all__ = [
     "CLIENTS",
     "DEFAULT_MAX_LAG_S",
     "REJECTED_STATUSES",
+    "RETRY_AFTER",
     "Arrival",
     "BenchOptions",
     "ClientKind",
     "default_client",
+    "parse_retry_after",
     "validate_url",
 ]
 
@@ -44,6 +47,26 @@ DEFAULT_MAX_LAG_S = 0.05
 not the target, is shaping the load, so the run is refused (timer jitter is ~1 ms)."""
 
 REJECTED_STATUSES = frozenset({429, 503})
+
+RETRY_AFTER: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "loadshed_retry_after", default=None
+)
+"""Set by the HTTP clients, in the sending task, to the ``Retry-After`` seconds of a
+429/503 (None otherwise): how the closed loop learns it without widening the status
+every client returns."""
+
+
+def parse_retry_after(value: bytes | str | None) -> float | None:
+    """``Retry-After`` as delta-seconds (HTTP dates and junk give None)."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
 """Statuses counted as rejections (load shedding), whose latency is tracked separately."""
 
 
@@ -83,6 +106,9 @@ class BenchOptions:
     seed: int | None = None
     max_lag_s: float = DEFAULT_MAX_LAG_S
     client: ClientKind = dataclasses.field(default_factory=default_client)
+    honor_retry_after: bool = False
+    """Closed loop: after a 429/503 with ``Retry-After`` (seconds), a client waits that
+    long before its next request, as a well-behaved client does."""
 
     def __post_init__(self) -> None:
         validate_url(self.url)
@@ -117,6 +143,11 @@ class BenchOptions:
             raise ConfigError("--client", f"must be one of {', '.join(CLIENTS)}")
         if self.client == "raw" and default_client() != "raw":
             raise ConfigError("--client", "raw needs httptools (pip install httptools)")
+        if self.honor_retry_after and self.rate is not None:
+            raise ConfigError(
+                "--honor-retry-after",
+                "applies to the closed loop (--clients) only: open-loop arrivals do not wait",
+            )
         if not self.max_lag_s > 0:
             raise ConfigError("--max-lag", f"must be > 0, got {self.max_lag_s}")
 

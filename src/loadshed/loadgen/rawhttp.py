@@ -24,6 +24,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from loadshed.loadgen.options import REJECTED_STATUSES, RETRY_AFTER, parse_retry_after
+
 __all__ = ["ConnectFailed", "MalformedResponse", "RawHttpClient", "ResponseIncomplete"]
 
 
@@ -49,6 +51,7 @@ class _Connection(asyncio.Protocol):
         "_waiter",
         "closed",
         "keep_alive",
+        "retry_after",
         "status",
         "transport",
     )
@@ -60,6 +63,7 @@ class _Connection(asyncio.Protocol):
         self._head = False
         self._body_known = False
         self.status = 0
+        self.retry_after: bytes | None = None  # the last response's Retry-After header
         self.keep_alive = True
         self.closed = False
 
@@ -112,6 +116,8 @@ class _Connection(asyncio.Protocol):
             lowered == b"transfer-encoding" and b"chunked" in value.lower()
         ):
             self._body_known = True
+        elif lowered == b"retry-after":
+            self.retry_after = value
 
     def on_message_complete(self) -> None:
         self._complete()
@@ -137,6 +143,7 @@ class _Connection(asyncio.Protocol):
         self._head = head
         self._body_known = False
         self.status = 0
+        self.retry_after = None
         self.transport.write(request)
         try:
             return await self._waiter
@@ -229,6 +236,8 @@ class RawHttpClient:
         else:
             connection.abort()
             self._all.discard(connection)
+        if status in REJECTED_STATUSES:
+            RETRY_AFTER.set(parse_retry_after(connection.retry_after))
         return status
 
     async def close(self) -> None:
