@@ -122,7 +122,7 @@ class PatienceEstimator:
     It stays unknown (None) until ``min_samples`` give-ups were seen.
     """
 
-    def __init__(self, *, quantile: float = 0.1, window: int = 200, min_samples: int = 3) -> None:
+    def __init__(self, *, quantile: float = 0.1, window: int = 200, min_samples: int = 2) -> None:
         if not 0 < quantile <= 1:
             raise ConfigError("patience_quantile", f"must be in (0, 1], got {quantile}")
         if min_samples < 1:

@@ -444,6 +444,7 @@ class Little(LimitAlgorithm):
             workers = self._slots(self.estimate())
             self._rounds.clear()
             self._rounds.append((workers / latency, latency))
+
             if self._variable:
                 self._vrates.clear()
                 self._vrates.append(workers / latency)
@@ -451,7 +452,10 @@ class Little(LimitAlgorithm):
                 self._level_stats.clear()
                 self._latency_weight = 0.0
                 self._vrate_max = workers / latency
-        self._previous_round_latency = latency
+        if latency < math.inf:
+            # A round of only drops measured no latency: keep the last one measured, so
+            # a drain after it can still tell a slower service from a queue.
+            self._previous_round_latency = latency
         if self._rounds:
             self._rate_max = max(r for r, _ in self._rounds)
             self._latency_min = min(lat for _, lat in self._rounds)
