@@ -184,6 +184,11 @@ def test_closed_loop_clients_wait_out_retry_after_only_when_asked(client: str) -
         rude = run_bench(BenchOptions(url=url, clients=2, duration_s=1.5, client=client))
     # Each polite client: a 503 at once, a second after 1 s, then waits out the window.
     assert 2 <= polite.status_counts[503] <= 4
+    assert polite.to_json()["honor_retry_after"] is True
+    assert rude.to_json()["honor_retry_after"] is False
+    from loadshed.loadgen.results import RunResult
+
+    assert RunResult.from_json(polite.to_json()).honor_retry_after is True
     assert rude.status_counts[503] > 50  # retrying at once, as wrk and bombardier do
 
 

@@ -104,6 +104,7 @@ class Engine:
             warmup_s=options.warmup_s,
             timeout_s=options.timeout_s,
             client=options.client,
+            honor_retry_after=options.honor_retry_after,
         )
         self._url = URL(options.url, encoded=False)
         self._headers = options.request_headers

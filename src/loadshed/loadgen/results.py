@@ -174,6 +174,7 @@ class RunResult:
     timeout_s: float = 0.0
     processes: int = 1
     client: str = ""
+    honor_retry_after: bool = False
     status_counts: Counter[int] = dataclasses.field(default_factory=Counter)
     errors: Counter[str] = dataclasses.field(default_factory=Counter)
     not_sent: int = 0
@@ -295,6 +296,7 @@ class RunResult:
             "arrival": self.arrival,
             "processes": self.processes,
             "client": self.client,
+            "honor_retry_after": self.honor_retry_after,
             "sources": self.sources,
             "warmup_s": self.warmup_s,
             "timeout_s": self.timeout_s,
@@ -343,6 +345,7 @@ class RunResult:
                 timeout_s=float(data.get("timeout_s", 0.0)),
                 processes=int(data.get("processes", 1)),
                 client=str(data.get("client", "")),
+                honor_retry_after=bool(data.get("honor_retry_after", False)),
                 not_sent=int(data.get("not_sent", 0)),
                 scheduled=int(data.get("scheduled", 0)),
                 completed_responses=int(data["completed_in_window"]["responses"]),
