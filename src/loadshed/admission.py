@@ -254,7 +254,7 @@ class Admission:
         for outcome in Outcome:
             self._counts[outcome.value] = 0
         for reason in RejectReason:
-            self._counts[f"rejected:{reason.value}"] = 0
+            self._counts[_REJECT_KEYS[reason]] = 0
 
         self._codel_target = codel_target
         self._codel_interval = codel_interval
@@ -336,20 +336,19 @@ class Admission:
         deadline = self._effective_deadline(deadline, now)
         if deadline is not None and deadline <= now:
             raise self._refuse(RejectReason.DEADLINE, 0.0)
-        if self._can_admit(priority) and not self._waiting_at_or_above(priority):
+        ahead = self._waiting_at_or_above(priority)
+        if not ahead and self._can_admit(priority):
             return self._grant(priority, deadline, now, enqueued_at=now)
 
         # The high service-time percentile sorts a window: read it only for a deadline.
         service_high = self.service.high if deadline is not None else None
         service_mean = self.service.mean
         if deadline is not None and service_mean is not None and service_high is not None:
-            ahead = self._waiting_at_or_above(priority)
             expected_wait = (ahead + 1) / max(1, self.limit) * service_mean
             if now + expected_wait + service_high > deadline:
                 raise self._refuse(RejectReason.DEADLINE, 0.0)
 
         max_wait = self._max_wait()
-        ahead = self._waiting_at_or_above(priority)
         if (
             self.discipline == "fifo"
             and ahead  # nothing ahead: it may still be granted before max_wait

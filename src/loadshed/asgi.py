@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -221,14 +220,14 @@ class LoadShedMiddleware:
                 token = entry
             else:
                 # Watched from the queue on (see _wait_in_queue), through to the end.
-                watch = _Watch(receive, self.max_body_bytes, has_body)
+                watch = _Watch(receive, self.max_body_bytes, has_body, now)
                 token = await self._wait_in_queue(entry, watch, send)
                 if token is None:
                     return
         if watch is None:
             # Watches the connection once the request has lasted disconnect_watch_after;
             # the app reads its messages through it.
-            watch = _Watch(receive, self.max_body_bytes, has_body)
+            watch = _Watch(receive, self.max_body_bytes, has_body, now)
             self._watches.add(watch)
 
         scope["loadshed.token"] = token  # lets the app record its own outcome first
@@ -405,12 +404,16 @@ class _Watch:
     on_stop: Callable[[], None] | None = None
     """Called when the reader stops (disconnect or body over the bound)."""
 
-    def __init__(self, receive: Receive, max_bytes: int, has_body: bool) -> None:
+    def __init__(
+        self, receive: Receive, max_bytes: int, has_body: bool, now: Callable[[], float]
+    ) -> None:
         self._receive = receive
         self._max_bytes = max_bytes
         self._body_unread = has_body  # the app has not read the whole body yet
-        self.since = time.monotonic()
-        """When the request arrived (time.monotonic)."""
+        self.now = now
+        """Reads the limiter's clock."""
+        self.since = now()
+        """When the request arrived, on the limiter's clock."""
 
     @property
     def too_large(self) -> bool:
@@ -454,7 +457,7 @@ class _Watch:
     def _client_left(self) -> None:
         if not self.answered and not self.gone:
             self.gone = True
-            self.gone_after = time.monotonic() - self.since
+            self.gone_after = self.now() - self.since
 
     def _reader_stopped(self) -> None:
         body = self._body
@@ -503,8 +506,8 @@ class _Watches:
 
     def _sweep(self) -> None:
         self._timer = None
-        started_before = time.monotonic() - self._delay
-        due = [watch for watch in self._active if watch.since <= started_before]
+        delay = self._delay
+        due = [watch for watch in self._active if watch.now() - watch.since >= delay]
         for watch in due:
             self._active.discard(watch)
             watch.start()

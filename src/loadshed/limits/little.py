@@ -459,15 +459,15 @@ class Little(LimitAlgorithm):
         if self._rounds:
             self._rate_max = max(r for r, _ in self._rounds)
             self._latency_min = min(lat for _, lat in self._rounds)
+        bdp = self.estimate()
         self._cut_threshold = _SAMPLE_QUEUE_RISE * self._latency_min
         # _cut_if_queued acts only above this limit; known here, where the filters move,
         # so a run of slow samples does not recompute it each time.
-        self._cut_above = self._slots(self.estimate()) + 1 if self.estimate() > 0 else 0
+        self._cut_above = self._slots(bdp) + 1 if bdp > 0 else 0
         if self._variable:
             # One slow request is the service's tail, not a queue: rounds judge.
             self._cut_threshold = math.inf
 
-        bdp = self.estimate()
         if drops and not successes:
             # Only drops: back off, at once down to the estimate if it is known.
             backed_off = math.floor(self._limit * self.backoff)

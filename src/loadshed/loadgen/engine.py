@@ -262,12 +262,14 @@ class Engine:
         honor_retry_after = self.options.honor_retry_after
         while now() < end:
             start = now()
+            if not honor_retry_after:
+                await self._request(send, start)
+                continue
             RETRY_AFTER.set(None)
             await self._request(send, start)
-            if honor_retry_after:
-                wait = RETRY_AFTER.get()
-                if wait:
-                    await asyncio.sleep(min(wait, max(0.0, end - now())))
+            wait = RETRY_AFTER.get()
+            if wait:
+                await asyncio.sleep(min(wait, max(0.0, end - now())))
 
     # -- open loop ----------------------------------------------------------------------------
 
