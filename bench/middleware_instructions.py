@@ -1,7 +1,8 @@
 """What LoadShedMiddleware costs per request, in CPU instructions: a figure that does not
 move with the neighbours on a shared machine, where throughput and CPU time do.
 
-    .venv/bin/python bench/middleware_instructions.py [--seconds 12] [--variants bare,fixed,little]
+    .venv/bin/python bench/middleware_instructions.py [--seconds 12]
+        [--variants bare,fixed,little,fixed+compiled,little+compiled]
 
 Needs valgrind (Debian: ``apt-get install valgrind``). Each variant of
 ``bench/middleware_targets.py`` (a trivial Starlette endpoint, bare or behind the
@@ -10,6 +11,8 @@ instructions the server process executes in user space (the kernel's share, sock
 is the same for every variant and not counted). The server runs twice: started and
 stopped without requests, then driven by ``loadshed bench`` (closed loop, 8 connections)
 for ``--seconds``; the difference over the requests answered is the figure per request.
+Variants ending in ``+compiled`` serve the same app from the mypyc build of the hot
+path (``make compiled``; see ``bench/compiled_build.py``).
 Valgrind slows the server some 50-fold, so the generator always has requests waiting,
 as in a saturated server. Reported: instructions per request and the difference to bare.
 """
@@ -29,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from compiled_build import DEFAULT_DIR, SUFFIX, app_name, check, environment
+
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
@@ -40,16 +45,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def instructions(variant: str, seconds: float) -> tuple[int, int]:
+def instructions(variant: str, seconds: float, compiled_dir: Path) -> tuple[int, int]:
     """(instructions the server executed, requests answered) for one run."""
     port = free_port()
     command = [
         "valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-        PYTHON, "-m", "uvicorn", f"middleware_targets:{variant}", "--app-dir", str(HERE),
+        PYTHON, "-m", "uvicorn", f"middleware_targets:{app_name(variant)}", "--app-dir", str(HERE),
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
         "--no-access-log", "--lifespan", "off",
     ]  # fmt: skip
-    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    env = environment(variant, compiled_dir)
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -83,14 +89,18 @@ def instructions(variant: str, seconds: float) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=12.0, help="load per variant")
-    parser.add_argument("--variants", default="bare,fixed,little")
+    parser.add_argument("--variants", default="bare,fixed,little,fixed+compiled,little+compiled")
+    parser.add_argument("--compiled-dir", type=Path, default=DEFAULT_DIR)
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("error: valgrind is not installed (Debian: apt-get install valgrind)")
+    variants = args.variants.split(",")
+    if any(variant.endswith(SUFFIX) for variant in variants):
+        check(args.compiled_dir)
     per_request: dict[str, float] = {}
-    for variant in args.variants.split(","):
-        idle, _ = instructions(variant, 0)
-        total, requests = instructions(variant, args.seconds)
+    for variant in variants:
+        idle, _ = instructions(variant, 0, args.compiled_dir)
+        total, requests = instructions(variant, args.seconds, args.compiled_dir)
         per_request[variant] = (total - idle) / max(1, requests)
         print(f"{variant}: {requests} requests", file=sys.stderr)
     bare = per_request.get("bare")

@@ -1,12 +1,15 @@
 """What LoadShedMiddleware costs on a trivial endpoint, side by side in one run.
 
     .venv/bin/python bench/middleware_overhead.py [--clients 8] [--duration 5] [--rounds 3]
+        [--variants bare,fixed,little,fixed+compiled,little+compiled]
 
-Three uvicorn servers (one process each, pinned to CPU 0 when taskset is there) serve
+Uvicorn servers (one process each, pinned to CPU 0 when taskset is there) serve
 the same trivial Starlette endpoint: bare, behind the middleware with ``fixed:1024``
 (the admission mechanism only: it never queues), and behind the middleware with its
-default limit (``little``). ``loadshed bench`` drives each in turn, closed loop with
-``--clients`` connections (pinned to the other CPU), ``--rounds`` times, interleaved.
+default limit (``little``); ``+compiled`` variants serve the same from the mypyc
+build (``make compiled``, see ``bench/compiled_build.py``). ``loadshed bench`` drives
+each in turn, closed loop with ``--clients`` connections (pinned to the other CPU),
+``--rounds`` times, interleaved.
 Reported: median throughput and p50/p99 per variant, and against bare: the
 throughput ratio and the added p50; also the server's CPU time per request (user +
 system, read from the process before and after each run, divided by the requests it
@@ -30,9 +33,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from compiled_build import DEFAULT_DIR, SUFFIX, app_name, check, environment
+
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
-VARIANTS = ("bare", "fixed", "little")
+VARIANTS = "bare,fixed,little,fixed+compiled,little+compiled"
 
 
 def pinned(command: list[str], cpu: str) -> list[str]:
@@ -54,14 +59,14 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def server(variant: str) -> Iterator[tuple[str, int]]:
+def server(variant: str, compiled_dir: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     command = [
-        PYTHON, "-m", "uvicorn", f"middleware_targets:{variant}", "--app-dir", str(HERE),
+        PYTHON, "-m", "uvicorn", f"middleware_targets:{app_name(variant)}", "--app-dir", str(HERE),
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
         "--no-access-log", "--lifespan", "off",
     ]  # fmt: skip
-    process = subprocess.Popen(pinned(command, "0"))
+    process = subprocess.Popen(pinned(command, "0"), env=environment(variant, compiled_dir))
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
@@ -93,15 +98,24 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--variants", default=VARIANTS, help="comma-separated; bare first")
+    parser.add_argument("--compiled-dir", type=Path, default=DEFAULT_DIR)
     parser.add_argument("--json", type=Path, help="also write the raw runs here")
     args = parser.parse_args()
-    runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in VARIANTS}
+    variants = args.variants.split(",")
+    if variants[0] != "bare":
+        sys.exit("error: --variants must start with bare (the reference)")
+    if any(variant.endswith(SUFFIX) for variant in variants):
+        check(args.compiled_dir)
+    runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
     with contextlib.ExitStack() as stack:
-        servers = {variant: stack.enter_context(server(variant)) for variant in VARIANTS}
-        for variant in VARIANTS:  # warm each server up once, outside the figures
+        servers = {
+            variant: stack.enter_context(server(variant, args.compiled_dir)) for variant in variants
+        }
+        for variant in variants:  # warm each server up once, outside the figures
             bench(servers[variant][0], args.clients, 1.0)
         for _ in range(args.rounds):
-            for variant in VARIANTS:
+            for variant in variants:
                 url, pid = servers[variant]
                 cpu_before = cpu_seconds(pid)
                 result = bench(url, args.clients, args.duration)
@@ -121,13 +135,13 @@ def main() -> None:
             key: statistics.median(run[key] for run in runs[variant])
             for key in ("throughput_rps", "p50_s", "p99_s", "server_cpu_us_per_request")
         }
-        for variant in VARIANTS
+        for variant in variants
     }
     bare = median["bare"]
     print(f"| variant | req/s (median of {args.rounds}) | p50 ms | p99 ms | "
           "throughput vs bare | added p50 us | server CPU us/request | added CPU us |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for variant in VARIANTS:
+    for variant in variants:
         m = median[variant]
         ratio = m["throughput_rps"] / bare["throughput_rps"]
         added = (m["p50_s"] - bare["p50_s"]) * 1e6

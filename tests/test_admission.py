@@ -8,6 +8,7 @@ from loadshed.admission import Admission, Ticket, Token
 from loadshed.clock import VirtualClock
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limits.base import LimitAlgorithm, Sample
+from loadshed.limits.fixed import Fixed
 
 
 class SettableLimit(LimitAlgorithm):
@@ -84,6 +85,24 @@ def test_release_feeds_samples_and_ignored_feeds_none() -> None:
     counts = adm.counts
     assert counts["success"] == 1 and counts["dropped"] == 1 and counts["ignored"] == 1
     assert adm.service.mean == pytest.approx(0.25)  # only successes teach service time
+
+
+def test_an_algorithm_that_ignores_samples_is_not_fed_but_still_counted() -> None:
+    class Deaf(SettableLimit):
+        uses_samples = False
+
+        def update(self, sample: Sample) -> int:
+            raise AssertionError("an algorithm with uses_samples = False got a sample")
+
+    clock = VirtualClock()
+    adm = Admission(Deaf(1), clock)
+    token = adm.try_acquire()
+    clock.advance(0.2)
+    token.success()
+    adm.try_acquire().dropped()
+    assert adm.counts["success"] == 1 and adm.counts["dropped"] == 1 and adm.inflight == 0
+    assert adm.service.mean == pytest.approx(0.2)  # service time is still learned
+    assert Fixed(3).uses_samples is False and SettableLimit(1).uses_samples is True
 
 
 def test_release_twice_counts_once() -> None:
@@ -392,3 +411,29 @@ def test_a_zero_wait_bound_still_queues_when_nothing_is_ahead() -> None:
     with pytest.raises(Rejected) as info:
         rec.submit(adm, "second")
     assert info.value.reason is RejectReason.LIMIT
+
+
+def test_an_incomplete_algorithm_is_refused_at_start_up() -> None:
+    class NoUpdate(LimitAlgorithm):
+        @property
+        def limit(self) -> int:
+            return 1
+
+    with pytest.raises(ConfigError, match=r"^limit: NoUpdate .*\(define update\)"):
+        Admission(NoUpdate(), VirtualClock())
+    with pytest.raises(ConfigError, match=r"^limit: LimitAlgorithm .*\(define limit and update\)"):
+        Admission(LimitAlgorithm(), VirtualClock())
+
+
+def test_a_subclass_in_python_keeps_its_own_class_settings() -> None:
+    # In the compiled build the base class is native code: a Python subclass's
+    # class attributes must still be the ones read.
+    class Named(SettableLimit):
+        name = "named"
+        uses_samples = False
+
+    algorithm = Named(2)
+    assert algorithm.describe() == "named(limit=2)"
+    adm = Admission(algorithm, VirtualClock())
+    adm.try_acquire().success()
+    assert algorithm.samples == []

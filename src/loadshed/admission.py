@@ -20,7 +20,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Final, Protocol
 
 from loadshed.clock import Clock, reader
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
@@ -41,6 +41,11 @@ _PRIORITIES = tuple(Priority)  # most critical first
 _DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
 _new_sample = tuple.__new__
 _REJECT_KEYS = {reason: f"rejected:{reason.value}" for reason in RejectReason}
+# Reading an enum member through its class costs ~70 ns on CPython 3.11 (a plain
+# name, ~6 ns): the per-request paths use these names.
+_SUCCESS: Final = Outcome.SUCCESS
+_DROPPED: Final = Outcome.DROPPED
+_IGNORED: Final = Outcome.IGNORED
 
 
 class LimiterListener(Protocol):
@@ -160,15 +165,15 @@ class Token:
 
     def success(self) -> None:
         """Release as a success: the latency is a capacity sample."""
-        self.release(Outcome.SUCCESS)
+        self.release(_SUCCESS)
 
     def dropped(self) -> None:
         """Release as dropped: a sign of overload (timeout, 503, deadline exceeded)."""
-        self.release(Outcome.DROPPED)
+        self.release(_DROPPED)
 
     def ignored(self) -> None:
         """Release without a sample (client error, cancelled before start)."""
-        self.release(Outcome.IGNORED)
+        self.release(_IGNORED)
 
 
 class Admission:
@@ -229,7 +234,15 @@ class Admission:
         if sum(self._reserved.values()) >= 1:
             raise ConfigError("reserved", "shares must add up to less than 1")
 
+        missing = limit.missing_members() if isinstance(limit, LimitAlgorithm) else None
+        if missing is None or missing:
+            raise ConfigError(
+                "limit",
+                f"{type(limit).__name__} is not a complete LimitAlgorithm"
+                + (f" (define {' and '.join(missing)})" if missing else ""),
+            )
         self.algorithm = limit
+        self._feed_algorithm = limit.uses_samples  # read per release
         self.clock = clock
         self.now = reader(clock)
         """Reads the clock (read on every admission and release; see clock.reader)."""
@@ -561,13 +574,13 @@ class Admission:
         self._inflight_by_priority[token.priority] -= 1
         service_s = now - token.admitted_at
         self._counts[outcome._value_] += 1
-        if outcome is Outcome.SUCCESS:
+        if outcome is _SUCCESS:
             self.service.add(service_s)
-        if outcome is not Outcome.IGNORED:
+        if outcome is not _IGNORED and self._feed_algorithm:
             # tuple.__new__ builds the named tuple without its Python-level __new__.
             sample = _new_sample(
                 Sample,
-                (service_s, token.inflight_at_admit, outcome is Outcome.DROPPED, now, self._queued),
+                (service_s, token.inflight_at_admit, outcome is _DROPPED, now, self._queued),
             )
             self.algorithm.update(sample)
         if self._listeners:

@@ -28,7 +28,7 @@ import asyncio
 import json
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
-from typing import Any
+from typing import Any, Final
 
 from loadshed.admission import Token
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
@@ -48,6 +48,12 @@ RouteSelector = Callable[[Scope], "Limiter | None"]
 """Chooses the limiter for a request, or None to let it through unprotected."""
 
 _REJECT_STATUSES = (429, 503)
+# Per-request paths read enum members from plain names (~6 ns) rather than through
+# their class (~70 ns on CPython 3.11).
+_SUCCESS: Final = Outcome.SUCCESS
+_DROPPED: Final = Outcome.DROPPED
+_IGNORED: Final = Outcome.IGNORED
+_DEFAULT_PRIORITY: Final = Priority.DEFAULT
 
 
 class LoadShedMiddleware:
@@ -220,62 +226,46 @@ class LoadShedMiddleware:
                 token = entry
             else:
                 # Watched from the queue on (see _wait_in_queue), through to the end.
-                watch = _Watch(receive, self.max_body_bytes, has_body, now)
+                watch = _Watch(receive, send, self.max_body_bytes, has_body, now, now())
                 token = await self._wait_in_queue(entry, watch, send)
                 if token is None:
                     return
         if watch is None:
             # Watches the connection once the request has lasted disconnect_watch_after;
-            # the app reads its messages through it.
-            watch = _Watch(receive, self.max_body_bytes, has_body, now)
+            # the app reads and answers through it.
+            watch = _Watch(receive, send, self.max_body_bytes, has_body, now, token.admitted_at)
             self._watches.add(watch)
-
+        if self.server_timing:
+            watch.timing = token
         scope["loadshed.token"] = token  # lets the app record its own outcome first
-        status = 0
-        server_timing = self.server_timing
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                if server_timing:
-                    app_ms = (now() - token.admitted_at) * 1000.0
-                    timing = b"queue;dur=%.1f, app;dur=%.1f" % (token.queue_wait * 1000.0, app_ms)
-                    # A new message and header list: an app may send the same dict every time.
-                    headers = [*message.get("headers", ()), (b"server-timing", timing)]
-                    message = {**message, "headers": headers}
-            elif not message.get("more_body", False):
-                watch.answered = True  # a disconnect from here on is the normal end
-            await send(message)
-
         try:
-            await self.app(scope, watch.receive, send_wrapper)
+            await self.app(scope, watch.receive, watch.send)
         except asyncio.CancelledError:
-            token.release(Outcome.IGNORED)
+            token.release(_IGNORED)
             raise
         except BaseException:
-            token.release(Outcome.DROPPED)  # the server answers 500
+            token.release(_DROPPED)  # the server answers 500
             raise
         finally:
             self._watches.finish(watch)
         if watch.gone:
             # The client left while the app worked: the answer reached nobody. An
             # overload sign for the limit, and a give-up that teaches patience.
-            token.release(Outcome.DROPPED)
+            token.release(_DROPPED)
             limiter.client_gave_up(watch.gone_after)
-        elif status >= 500 or (deadline is not None and now() > deadline):
-            token.release(Outcome.DROPPED)
+        elif (status := watch.status) >= 500 or (deadline is not None and now() > deadline):
+            token.release(_DROPPED)
         elif 400 <= status < 500 or status == 0:
-            token.release(Outcome.IGNORED)
+            token.release(_IGNORED)
         else:
-            token.release(Outcome.SUCCESS)
+            token.release(_SUCCESS)
 
     # ----------------------------------------------------------------- parts
 
     def _read_headers(self, scope: Scope) -> tuple[float | None, Priority, int | None, bool]:
         """Deadline timeout, priority, Content-Length and whether a body follows."""
         timeout = self.default_timeout
-        priority = Priority.DEFAULT
+        priority = _DEFAULT_PRIORITY
         content_length: int | None = None
         chunked = False
         deadline_header, grpc_header = self._deadline_header, self._grpc_header
@@ -387,7 +377,7 @@ class _Watch:
     """
 
     # Defaults live on the class and no __slots__: a request that ends before its
-    # watch begins (most of them) sets three attributes, not twelve.
+    # watch begins (most of them) sets the few attributes it uses, not all of them.
     _body: _BodyReader | None = None
     _reader: asyncio.Task[None] | None = None
     _inside = 0  # app calls in the server's receive right now
@@ -403,16 +393,27 @@ class _Watch:
     """Seconds from arrival to the disconnect (what the client was willing to wait)."""
     on_stop: Callable[[], None] | None = None
     """Called when the reader stops (disconnect or body over the bound)."""
+    status = 0
+    """The status the app answered with (0: none yet)."""
+    timing: Token | None = None
+    """The token whose queue wait and app time :meth:`send` reports in Server-Timing."""
 
     def __init__(
-        self, receive: Receive, max_bytes: int, has_body: bool, now: Callable[[], float]
+        self,
+        receive: Receive,
+        send: Send,
+        max_bytes: int,
+        has_body: bool,
+        now: Callable[[], float],
+        since: float,
     ) -> None:
         self._receive = receive
+        self._send = send
         self._max_bytes = max_bytes
         self._body_unread = has_body  # the app has not read the whole body yet
         self.now = now
         """Reads the limiter's clock."""
-        self.since = now()
+        self.since = since
         """When the request arrived, on the limiter's clock."""
 
     @property
@@ -432,6 +433,25 @@ class _Watch:
         body.on_stop = self._reader_stopped
         self._body = body
         self._reader = asyncio.get_running_loop().create_task(body.read())
+
+    def send(self, message: Message) -> Awaitable[None]:
+        """The app's ``send``: notes the status, adds Server-Timing, marks the end.
+
+        A plain function handing back the server's awaitable: one coroutine fewer
+        per message than an ``async def`` wrapper.
+        """
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            token = self.timing
+            if token is not None:
+                app_ms = (self.now() - token.admitted_at) * 1000.0
+                timing = b"queue;dur=%.1f, app;dur=%.1f" % (token.queue_wait * 1000.0, app_ms)
+                # A new message and header list: an app may send the same dict every time.
+                headers = [*message.get("headers", ()), (b"server-timing", timing)]
+                message = {**message, "headers": headers}
+        elif not message.get("more_body", False):
+            self.answered = True  # a disconnect from here on is the normal end
+        return self._send(message)
 
     async def receive(self) -> Message:
         """The app's ``receive``."""

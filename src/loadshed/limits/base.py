@@ -6,9 +6,10 @@ each sample travels in the sample (``Sample.now``).
 
 from __future__ import annotations
 
-import abc
 import math
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
+
+from mypy_extensions import mypyc_attr
 
 from loadshed.errors import ConfigError
 
@@ -49,21 +50,43 @@ def check_bounds(initial: int, min_limit: int, max_limit: int) -> None:
         )
 
 
-class LimitAlgorithm(abc.ABC):
-    """Turns samples into a concurrency limit (an integer in [min_limit, max_limit])."""
+# In the compiled build, algorithms written in Python may still subclass this. Not an
+# abc.ABC: mypyc's compiled subclasses of an ABC share its isinstance cache, so one
+# isinstance(x, Gradient) that is False made isinstance(x, LimitAlgorithm) False too.
+# Admission checks at start-up that both abstract members are defined instead.
+@mypyc_attr(allow_interpreted_subclasses=True)
+class LimitAlgorithm:
+    """Turns samples into a concurrency limit (an integer in [min_limit, max_limit]).
 
-    name: str = "limit"
+    Subclasses define :attr:`limit` and :meth:`update`.
+    """
+
+    # ClassVar: a subclass's own value is read (compiled, a plain default would
+    # become an instance default that an interpreted subclass cannot override).
+    name: ClassVar[str] = "limit"
+    uses_samples: ClassVar[bool] = True
+    """False when :meth:`update` ignores its sample: the limiter then builds none."""
     min_limit: int = 1
     max_limit: int = 1
 
     @property
-    @abc.abstractmethod
     def limit(self) -> int:
         """The current limit."""
+        raise NotImplementedError(f"{type(self).__name__} must define the limit property")
 
-    @abc.abstractmethod
     def update(self, sample: Sample) -> int:
         """Fold one sample in and return the new limit."""
+        raise NotImplementedError(f"{type(self).__name__} must define update()")
+
+    @classmethod
+    def missing_members(cls) -> list[str]:
+        """The members a subclass must define but does not (empty when complete)."""
+        missing = []
+        if cls.limit is LimitAlgorithm.limit:
+            missing.append("limit")
+        if cls.update is LimitAlgorithm.update:
+            missing.append("update")
+        return missing
 
     def _clamp(self, value: float) -> int:
         """Round down and clamp to [min_limit, max_limit]; NaN keeps min_limit."""
@@ -85,6 +108,8 @@ class Windowed(LimitAlgorithm):
     Samples shorter than ``min_rtt`` (100 us by default) are ignored as noise.
     """
 
+    name = "windowed"
+
     def __init__(
         self,
         inner: LimitAlgorithm,
@@ -98,7 +123,6 @@ class Windowed(LimitAlgorithm):
         if min_samples < 1:
             raise ConfigError("min_samples", f"must be >= 1, got {min_samples}")
         self.inner = inner
-        self.name = f"windowed-{inner.name}"
         self.min_limit = inner.min_limit
         self.max_limit = inner.max_limit
         self.window = window

@@ -17,6 +17,7 @@ class Fixed(LimitAlgorithm):
     """
 
     name = "fixed"
+    uses_samples = False
 
     def __init__(self, limit: int) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
