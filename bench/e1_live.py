@@ -13,7 +13,9 @@ a shorter run. Each protection runs as its own ``loadshed serve-demo`` subproces
 every client count by loadshed's load generator (``loadshed.demo.live.run_live``).
 
 Prints markdown tables: goodput (and its share of capacity) per client count, p50 of
-successes, and p50 / p99 of the 503s, one column per protection.
+successes, p50 / p99 of the 503s, and clients / responses per second: by Little's law
+the mean response time that closed-loop clients retrying at once must see at the
+throughput reached (the floor under the 503s' latency), one column per protection.
 """
 
 from __future__ import annotations
@@ -125,6 +127,16 @@ def main() -> None:
                 if f["rejected"]
                 else "0"
             ),
+        )
+    )
+    print()
+    print(
+        table(
+            config,
+            figures,
+            "Clients / responses per second, ms (Little's law: the mean response time of "
+            "clients that send again at once, at the throughput reached)",
+            lambda f: _ms(f["closed_loop_mean_s"]),
         )
     )
     print()

@@ -58,6 +58,8 @@ def test_protected_goodput_holds_where_the_bare_service_collapses() -> None:
     assert bare["goodput_ratio"] < 0.5 and bare["timeouts"] > 0  # the paradox, live
     assert protected["goodput_ratio"] > 0.6  # generous: the machine is shared
     assert protected["rejected"] > 0  # the cure is shedding the excess
+    # Little's law over the step: 8 clients at X responses per second wait 8 / X.
+    assert protected["closed_loop_mean_s"] == pytest.approx(8 / protected["throughput_rps"])
     one = by_key["none", 1].summary(capacity)
     assert one["goodput_ratio"] > 0.6 and one["timeouts"] == 0
 

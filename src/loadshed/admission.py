@@ -573,7 +573,7 @@ class Admission:
         self._inflight -= 1
         self._inflight_by_priority[token.priority] -= 1
         service_s = now - token.admitted_at
-        self._counts[outcome._value_] += 1
+        self._counts[outcome] += 1  # a str enum: finds the key of its value
         if outcome is _SUCCESS:
             self.service.add(service_s)
         if outcome is not _IGNORED and self._feed_algorithm:

@@ -136,6 +136,11 @@ class LiveStep:
             "protect": self.protect,
             "clients": self.clients,
             "throughput_rps": result.throughput_rps,
+            # Little's law, R = N / X: the mean response time that N clients retrying
+            # at once must see at this throughput, however fast each answer is made.
+            "closed_loop_mean_s": (
+                self.clients / result.throughput_rps if result.throughput_rps > 0 else None
+            ),
             "goodput_rps": result.goodput_rps,
             "goodput_ratio": result.goodput_rps / capacity_rps,
             "successes": result.successes,
