@@ -54,8 +54,14 @@ class CompiledHotPath(BuildHookInterface):  # type: ignore[type-arg]
             raise ValueError(f"{SWITCH} must be 0 or 1, got {switch!r}")
         if self.target_name != "wheel" or version == "editable" or switch != "1":
             return
-        from mypyc.build import mypycify
-        from setuptools import Distribution
+        try:
+            from mypyc.build import mypycify
+            from setuptools import Distribution
+        except ImportError as error:
+            raise RuntimeError(
+                f"{SWITCH}=1 needs mypy and setuptools where the wheel is built ({error}): "
+                "build from the dev environment without isolation (make compiled)"
+            ) from error
 
         root = Path(self.root)
         work = root / "build" / "mypyc"

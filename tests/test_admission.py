@@ -7,7 +7,7 @@ import pytest
 from loadshed.admission import Admission, Ticket, Token
 from loadshed.clock import VirtualClock
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
-from loadshed.limits.base import LimitAlgorithm, Sample
+from loadshed.limits.base import LimitAlgorithm, Sample, Windowed
 from loadshed.limits.fixed import Fixed
 
 
@@ -423,6 +423,31 @@ def test_an_incomplete_algorithm_is_refused_at_start_up() -> None:
         Admission(NoUpdate(), VirtualClock())
     with pytest.raises(ConfigError, match=r"^limit: LimitAlgorithm .*\(define limit and update\)"):
         Admission(LimitAlgorithm(), VirtualClock())
+    with pytest.raises(ConfigError, match=r"^limit: NoUpdate .*\(define update\)"):
+        Windowed(NoUpdate())
+
+
+def test_bounds_a_python_subclass_sets_on_its_class_are_the_ones_used() -> None:
+    # In the compiled build min_limit / max_limit are slots of the compiled base
+    # that a class attribute shadows for Python code only; check() settles them.
+    class Bounded(SettableLimit):
+        min_limit = 2
+        max_limit = 5
+
+        def __init__(self) -> None:
+            self.value = 3
+            self.samples = []
+
+        def update(self, sample: Sample) -> int:
+            self.value = self._clamp(self.value * 10)
+            return self.value
+
+    algorithm = Bounded()
+    adm = Admission(algorithm, VirtualClock())
+    adm.try_acquire().success()
+    assert algorithm.limit == 5 and algorithm._clamp(0) == 2
+    windowed = Windowed(Bounded())
+    assert (windowed.min_limit, windowed.max_limit) == (2, 5)
 
 
 def test_a_subclass_in_python_keeps_its_own_class_settings() -> None:

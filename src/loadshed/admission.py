@@ -234,15 +234,11 @@ class Admission:
         if sum(self._reserved.values()) >= 1:
             raise ConfigError("reserved", "shares must add up to less than 1")
 
-        missing = limit.missing_members() if isinstance(limit, LimitAlgorithm) else None
-        if missing is None or missing:
-            raise ConfigError(
-                "limit",
-                f"{type(limit).__name__} is not a complete LimitAlgorithm"
-                + (f" (define {' and '.join(missing)})" if missing else ""),
-            )
+        if not isinstance(limit, LimitAlgorithm):
+            raise ConfigError("limit", f"expected a LimitAlgorithm, got {type(limit).__name__}")
+        limit.check()
         self.algorithm = limit
-        self._feed_algorithm = limit.uses_samples  # read per release
+        self._feed_algorithm = limit.uses_samples  # read once: it is a class setting
         self.clock = clock
         self.now = reader(clock)
         """Reads the clock (read on every admission and release; see clock.reader)."""

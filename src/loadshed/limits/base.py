@@ -53,7 +53,7 @@ def check_bounds(initial: int, min_limit: int, max_limit: int) -> None:
 # In the compiled build, algorithms written in Python may still subclass this. Not an
 # abc.ABC: mypyc's compiled subclasses of an ABC share its isinstance cache, so one
 # isinstance(x, Gradient) that is False made isinstance(x, LimitAlgorithm) False too.
-# Admission checks at start-up that both abstract members are defined instead.
+# Admission calls check() at start-up instead: both members must be defined.
 @mypyc_attr(allow_interpreted_subclasses=True)
 class LimitAlgorithm:
     """Turns samples into a concurrency limit (an integer in [min_limit, max_limit]).
@@ -78,15 +78,32 @@ class LimitAlgorithm:
         """Fold one sample in and return the new limit."""
         raise NotImplementedError(f"{type(self).__name__} must define update()")
 
-    @classmethod
-    def missing_members(cls) -> list[str]:
-        """The members a subclass must define but does not (empty when complete)."""
-        missing = []
-        if cls.limit is LimitAlgorithm.limit:
-            missing.append("limit")
-        if cls.update is LimitAlgorithm.update:
-            missing.append("update")
-        return missing
+    def check(self) -> None:
+        """Make ready for use, or raise :class:`ConfigError` (field ``limit``) naming
+        the members a subclass must define but does not. Admission calls it at start-up.
+
+        Also settles ``min_limit`` and ``max_limit``: in the compiled build they are
+        slots of the compiled base, which a Python subclass's class attributes
+        (``max_limit = 3`` in the class body) shadow for Python code only. Copying
+        what Python sees into them makes compiled code (``_clamp``, ``Windowed``)
+        see the same bounds; in pure Python it changes nothing.
+        """
+        cls = type(self)
+        missing = [
+            name
+            for name, inherited in (("limit", cls.limit), ("update", cls.update))
+            if inherited is getattr(LimitAlgorithm, name)
+        ]
+        if missing:
+            raise ConfigError(
+                "limit",
+                f"{cls.__name__} is not a complete LimitAlgorithm (define "
+                + " and ".join(missing)
+                + ")",
+            )
+        # A generic lookup on purpose: it sees a Python subclass's class attribute.
+        self.min_limit = getattr(self, "min_limit")  # noqa: B009
+        self.max_limit = getattr(self, "max_limit")  # noqa: B009
 
     def _clamp(self, value: float) -> int:
         """Round down and clamp to [min_limit, max_limit]; NaN keeps min_limit."""
@@ -122,6 +139,7 @@ class Windowed(LimitAlgorithm):
             raise ConfigError("window", f"must be > 0 seconds, got {window}")
         if min_samples < 1:
             raise ConfigError("min_samples", f"must be >= 1, got {min_samples}")
+        inner.check()
         self.inner = inner
         self.min_limit = inner.min_limit
         self.max_limit = inner.max_limit
