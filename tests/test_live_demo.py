@@ -41,11 +41,18 @@ def test_protected_goodput_holds_where_the_bare_service_collapses() -> None:
     )
     seen: set[int] = set()
     before = descendants()
+    alive_at_start: dict[str, set[int]] = {}
 
     def on_start(protect: str, clients: int) -> None:
-        seen.update(descendants() - before)
+        now = descendants() - before
+        seen.update(now)
+        alive_at_start.setdefault(protect, now)
 
     steps = run_live(config, on_start=on_start)
+    # The unprotected server (and the backlog its worker would still be computing)
+    # is stopped before the protected one is measured.
+    bare_only = alive_at_start["none"] - alive_at_start["little"]
+    assert len(bare_only) >= 2, alive_at_start
     # a server process and its hashburn worker, for each protection
     assert len(seen) >= 2 * len(config.protect)
     assert_all_gone(seen)

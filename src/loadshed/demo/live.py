@@ -165,6 +165,7 @@ class DemoServer:
         self.process = process
         self.url = url
         self._stderr = stderr
+        self._stopped = False
 
     @property
     def pid(self) -> int:
@@ -180,7 +181,11 @@ class DemoServer:
 
     def stop(self, grace_s: float = 3.0) -> None:
         """Stop the server and everything it started (its worker processes): SIGTERM to the
-        server (it stops its workers), SIGKILL to its process group after ``grace_s``."""
+        server (it stops its workers), SIGKILL to its process group after ``grace_s``.
+        Stopping a stopped server does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         process = self.process
         if process.poll() is None:
             process.terminate()
@@ -303,7 +308,8 @@ def run_live(
     """Run E1 live as ``config`` says and return every step, protections in order.
 
     Servers run one at a time under load (the machine's cores are shared), each driven at
-    every client count in increasing order; all are stopped when this returns or raises.
+    every client count in increasing order and stopped after its last step (so no
+    abandoned work burns CPU under the next); all are stopped when this returns or raises.
     """
     from loadshed.loadgen.runner import run_bench
 
@@ -327,6 +333,10 @@ def run_live(
                 steps.append(step)
                 if on_step is not None:
                     on_step(step)
+            # Done with this protection: stop it now. Left running, an unprotected
+            # server keeps computing the backlog its clients abandoned (minutes of CPU
+            # after 32 clients) and skews the next protection's latencies.
+            server.stop()
     return steps
 
 
