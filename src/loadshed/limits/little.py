@@ -9,11 +9,7 @@ BBR computes it for TCP. ``Little`` measures both and sets
 Delivery rate, per request as BBR does per packet: the completions during the
 request's life (itself included) divided by its latency. It cannot exceed the
 capacity however many requests were admitted, because a request that waited for a
-worker also saw the others complete. A request that waited less than one more
-minimum latency counts over only the last minimum latency (constant service): a
-longer window can hold two completions of one worker, and the maximum of such
-rates overstated the capacity under Poisson arrivals. Latency: the fastest request
-of a round.
+worker also saw the others complete. Latency: the fastest request of a round.
 
 Rounds: a round ends once half the limit's worth of requests admitted during it
 have completed (and ``min_round`` has passed), so that its figures show the effect
@@ -295,9 +291,9 @@ class Little(LimitAlgorithm):
             # Any request's delivery rate is a lower bound on capacity, whenever it
             # was admitted (the filter takes them all); judging this round's limit
             # (probe, drain) takes only the requests admitted under it.
-            count, window = self._delivery(now, rtt)
+            count = self._completions_during(now, rtt)
             # A latency under a microsecond is timer noise: never divide by less.
-            rate = count / max(window, _MIN_INTERVAL) if window > 0 else 0.0
+            rate = count / max(rtt, _MIN_INTERVAL) if rtt > 0 else 0.0
             if rate > self._round_rate:
                 self._round_rate = rate
             if rtt > self._cut_threshold and self._limit > self._cut_above:
@@ -339,28 +335,10 @@ class Little(LimitAlgorithm):
             self._end_round(now)
         return self._limit
 
-    def _delivery(self, now: float, rtt: float) -> tuple[int, float]:
-        """(completions, over how many seconds) for this request's delivery rate.
+    def _completions_during(self, now: float, rtt: float) -> int:
+        """Completions during this request's life, itself included.
 
-        Over its whole latency, except when it waited behind the workers for less
-        than one more minimum latency (constant service only): then over the last
-        minimum latency. A window longer than the service time can hold two
-        completions of the same worker; with bursty (Poisson) arrivals the round's
-        maximum then overstates the capacity (8.3/s from 7 workers of 1 s in E2),
-        and the limit it sets keeps the queue that inflates it (9 slots for 7). A
-        window much shorter than the latency (a queue, or variable service) would
-        instead be dominated by the request itself, so those keep the whole latency.
-        """
-        floor = self._latency_min
-        if not self._variable and floor < rtt <= 2.0 * floor:
-            return self._completions_during(now, rtt, floor), floor
-        return self._completions_during(now, rtt, rtt), rtt
-
-    def _completions_during(self, now: float, rtt: float, window: float) -> int:
-        """Completions in the last ``window`` seconds of this request's life (``rtt``
-        long), itself included; records this completion.
-
-        Divided by the window: the request's delivery rate.
+        Divided by the latency: the request's delivery rate.
 
         As BBR's per-packet delivery rate: it cannot exceed the capacity however
         many requests were in flight, since a queued request's latency grows with
@@ -379,10 +357,10 @@ class Little(LimitAlgorithm):
                 del completions[:start]
                 start = 0
             self._history_start = start
-        if window <= 0:
+        if rtt <= 0:
             return 1
-        since = bisect.bisect_right(completions, now - window, lo=self._history_start)
-        return len(completions) - since
+        admitted = bisect.bisect_right(completions, now - rtt, lo=self._history_start)
+        return len(completions) - admitted
 
     def _cut_if_queued(self) -> None:
         """A request queued far beyond the minimum latency: stop over-admitting now."""
