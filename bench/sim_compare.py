@@ -60,8 +60,8 @@ def _e1(job: tuple[str, str, int | None, bool, float, int]) -> dict[str, Any]:
     return result
 
 
-def _e2(job: tuple[str, str, int | None, bool, float, int, str]) -> dict[str, Any]:
-    label, limit, value, deadlines, duration, seed, dist = job
+def _e2(job: tuple[str, str, int | None, bool, float, int, str, str]) -> dict[str, Any]:
+    label, limit, value, deadlines, duration, seed, dist, arrivals = job
     started = time.perf_counter()
     result = run_capacity_change(
         limiter=LimiterConfig(limit, limit_value=value),
@@ -69,6 +69,7 @@ def _e2(job: tuple[str, str, int | None, bool, float, int, str]) -> dict[str, An
         duration=duration,
         seed=seed,
         dist=dist,
+        arrivals=arrivals,
     )
     result["label"] = label
     result["wall_s"] = time.perf_counter() - started
@@ -200,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         default="constant",
         help="E2 service-time distribution (published: constant)",
     )
+    parser.add_argument(
+        "--e2-arrivals",
+        choices=["constant", "poisson"],
+        default="constant",
+        help="E2 arrival process (published: constant, 5 req/s)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--replicas", type=int, default=100, help="fleet size")
@@ -215,7 +222,16 @@ def main(argv: list[str] | None = None) -> int:
         for deadlines in (True, False)
     ]
     e2_jobs = [
-        (label, limit, value, deadlines, args.e2_duration, args.seed, args.e2_dist)
+        (
+            label,
+            limit,
+            value,
+            deadlines,
+            args.e2_duration,
+            args.seed,
+            args.e2_dist,
+            args.e2_arrivals,
+        )
         for label, limit, value in E2_LIMITS
         for deadlines in (True, False)
     ]
@@ -244,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f"**E2 capacity change** (7 workers, {args.e2_dist} service time, "
             f"mean 1 s -> 2 s at {args.e2_duration / 2:g} s, "
-            f"5 req/s from 10 client workers, timeout 2.5 s, origin queue 100, "
+            f"5 req/s ({args.e2_arrivals} arrivals) from 10 client workers, timeout 2.5 s, "
+            "origin queue 100, "
             f"{args.e2_duration:g} s): after-change capacity 3.5 req/s",
             "",
             e2_table(e2),

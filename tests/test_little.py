@@ -84,8 +84,8 @@ def test_e2_capacity_change_with_deadlines() -> None:
 def test_e2_capacity_change_with_learned_patience_only() -> None:
     result = run_capacity_change(limiter=LimiterConfig("little"), send_deadline=False)
     after = next(step for step in result["steps"] if step["phase"] == "after")
-    # Target is 0.90; 0.886 is what this version reaches (see the README table).
-    assert after["goodput_ratio"] >= 0.85, after
+    # Target 0.90, met with no margin (see the README table).
+    assert after["goodput_ratio"] >= 0.899, after
 
 
 VARIABLE = [
