@@ -70,6 +70,12 @@ def main() -> None:
         action="store_true",
         help="clients wait out a 503's Retry-After (E1's, like bombardier's, retry at once)",
     )
+    parser.add_argument(
+        "--retry-jitter",
+        type=float,
+        default=0.0,
+        help="with --honor-retry-after: wait Retry-After x a uniform factor in [1-J, 1+J]",
+    )
     args = parser.parse_args()
     try:
         config = LiveConfig(
@@ -79,6 +85,7 @@ def main() -> None:
             duration_s=parse_duration(args.duration, "--duration"),
             warmup_s=parse_duration(args.warmup, "--warmup"),
             honor_retry_after=args.honor_retry_after,
+            retry_jitter=args.retry_jitter,
         )
     except ConfigError as error:
         parser.error(str(error))

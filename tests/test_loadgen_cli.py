@@ -31,6 +31,7 @@ def _invoke(*args: str) -> tuple[int, str, str]:
         (["bench", "http://127.0.0.1:1/", "-c", "1", "--timeout", "soon"], "--timeout"),
         (["bench", "http://127.0.0.1:1/", "-c", "1", "-H", "no colon"], "--header"),
         (["bench", "http://127.0.0.1:1/"], "--clients/--rate"),
+        (["bench", "http://127.0.0.1:1/", "-c", "1", "--retry-jitter", "0.5"], "--retry-jitter"),
         (["sweep", "http://127.0.0.1:1/", "--clients", "1,x"], "--clients"),
         (["sweep", "http://127.0.0.1:1/", "--rates", "100:-5:1"], "--rates"),
         (["sweep", "http://127.0.0.1:1/", "-c", "1", "--stop-when", "p99>"], "--stop-when"),

@@ -192,6 +192,39 @@ def test_closed_loop_clients_wait_out_retry_after_only_when_asked(client: str) -
     assert rude.status_counts[503] > 50  # retrying at once, as wrk and bombardier do
 
 
+def test_retry_jitter_spreads_the_clients_that_were_refused_together() -> None:
+    def hits(jitter: float) -> int:
+        """Requests 8 clients make in 0.99 s, all refused at once with Retry-After: 1."""
+        with serve_target() as target:
+            options = BenchOptions(
+                url=f"{target.url}/shed?after=1",
+                clients=8,
+                duration_s=0.99,
+                warmup_s=0.0,
+                honor_retry_after=True,
+                retry_jitter=jitter,
+                seed=7,
+            )
+            result = run_bench(options)
+        assert result.to_json()["retry_jitter"] == jitter
+        return target.hits
+
+    # Told 1 s, all 8 come back together after the window; drawn from 0.5..1.5 s,
+    # some come back within it (and none twice: 2 x 0.5 s is past the window).
+    assert hits(0.0) == 8
+    assert 9 <= hits(0.5) <= 16
+
+
+def test_retry_jitter_is_validated() -> None:
+    from loadshed.errors import ConfigError
+
+    url = "http://127.0.0.1:1/"
+    with pytest.raises(ConfigError, match=r"^--retry-jitter: must be within \[0, 1\]"):
+        BenchOptions(url=url, clients=1, honor_retry_after=True, retry_jitter=1.5)
+    with pytest.raises(ConfigError, match=r"^--retry-jitter: needs --honor-retry-after"):
+        BenchOptions(url=url, clients=1, retry_jitter=0.5)
+
+
 def test_honor_retry_after_is_refused_for_the_open_loop() -> None:
     from loadshed.errors import ConfigError
 

@@ -80,6 +80,8 @@ class LiveConfig:
     workers: int = 1
     honor_retry_after: bool = False
     """Clients wait out a 503's Retry-After (E1's clients, like bombardier, do not)."""
+    retry_jitter: float = 0.0
+    """With ``honor_retry_after``: waits drawn from Retry-After x [1 - j, 1 + j]."""
 
     def __post_init__(self) -> None:
         if not self.protect:
@@ -96,6 +98,10 @@ class LiveConfig:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
         if self.workers < 1:
             raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
+        if not 0.0 <= self.retry_jitter <= 1.0:
+            raise ConfigError("--retry-jitter", f"must be within [0, 1], got {self.retry_jitter}")
+        if self.retry_jitter and not self.honor_retry_after:
+            raise ConfigError("--retry-jitter", "needs --honor-retry-after")
 
     @property
     def service_time_s(self) -> float:
@@ -328,6 +334,7 @@ def run_live(
                     warmup_s=config.warmup_s,
                     timeout_s=config.timeout_s,
                     honor_retry_after=config.honor_retry_after,
+                    retry_jitter=config.retry_jitter,
                 )
                 step = LiveStep(protect, clients, run_bench(options), drain_s)
                 steps.append(step)
@@ -352,6 +359,7 @@ def results_json(config: LiveConfig, steps: Sequence[LiveStep]) -> dict[str, Any
         "duration_s": config.duration_s,
         "warmup_s": config.warmup_s,
         "honor_retry_after": config.honor_retry_after,
+        "retry_jitter": config.retry_jitter,
         "steps": [step.summary(config.capacity_rps) for step in steps],
     }
 

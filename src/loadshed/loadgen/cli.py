@@ -122,6 +122,14 @@ def _request_options(func: F) -> F:
             "before its next request (well-behaved clients; by default they retry at once, "
             "as wrk and bombardier do).",
         ),
+        click.option(
+            "--retry-jitter",
+            type=float,
+            default=0.0,
+            show_default=True,
+            help="With --honor-retry-after: wait Retry-After times a uniform factor in "
+            "[1 - J, 1 + J], so that clients refused together do not return together.",
+        ),
         click.option("--quiet", "-q", is_flag=True, help="No live progress line."),
     ]
     for decorator in reversed(decorators):
@@ -174,6 +182,7 @@ def _options(
         max_lag_s=common["max_lag"],
         client=common["client"],
         honor_retry_after=common["honor_retry_after"],
+        retry_jitter=common["retry_jitter"],
     )
 
 

@@ -105,6 +105,7 @@ class Engine:
             timeout_s=options.timeout_s,
             client=options.client,
             honor_retry_after=options.honor_retry_after,
+            retry_jitter=options.retry_jitter,
         )
         self._url = URL(options.url, encoded=False)
         self._headers = options.request_headers
@@ -244,7 +245,7 @@ class Engine:
 
     async def _closed_loop(self, send: SendFunction) -> None:
         clients = self.options.clients or 1
-        workers = [asyncio.ensure_future(self._client(send)) for _ in range(clients)]
+        workers = [asyncio.ensure_future(self._client(send, index)) for index in range(clients)]
         progress = asyncio.ensure_future(self._tick())
         try:
             await asyncio.sleep(max(0.0, self._window_end - self.clock.now()))
@@ -256,10 +257,14 @@ class Engine:
             progress.cancel()
             self._tick_once()
 
-    async def _client(self, send: SendFunction) -> None:
+    async def _client(self, send: SendFunction, index: int) -> None:
         end = self._window_end
         now = self.clock.now
         honor_retry_after = self.options.honor_retry_after
+        jitter = self.options.retry_jitter
+        # One stream per client (clients sharing one would jitter alike); seeded runs repeat.
+        seed = self.options.seed
+        rng = random.Random(None if seed is None else f"{seed}/{self.phase}/{index}")
         while now() < end:
             start = now()
             if not honor_retry_after:
@@ -269,6 +274,8 @@ class Engine:
             await self._request(send, start)
             wait = RETRY_AFTER.get()
             if wait:
+                if jitter:
+                    wait *= rng.uniform(1.0 - jitter, 1.0 + jitter)
                 await asyncio.sleep(min(wait, max(0.0, end - now())))
 
     # -- open loop ----------------------------------------------------------------------------

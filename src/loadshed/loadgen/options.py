@@ -109,6 +109,10 @@ class BenchOptions:
     honor_retry_after: bool = False
     """Closed loop: after a 429/503 with ``Retry-After`` (seconds), a client waits that
     long before its next request, as a well-behaved client does."""
+    retry_jitter: float = 0.0
+    """With ``honor_retry_after``: each wait is ``Retry-After`` times a factor drawn
+    uniformly from [1 - retry_jitter, 1 + retry_jitter] (0: exactly as told), so that
+    clients refused together do not all come back together."""
 
     def __post_init__(self) -> None:
         validate_url(self.url)
@@ -148,6 +152,10 @@ class BenchOptions:
                 "--honor-retry-after",
                 "applies to the closed loop (--clients) only: open-loop arrivals do not wait",
             )
+        if not 0.0 <= self.retry_jitter <= 1.0:
+            raise ConfigError("--retry-jitter", f"must be within [0, 1], got {self.retry_jitter}")
+        if self.retry_jitter and not self.honor_retry_after:
+            raise ConfigError("--retry-jitter", "needs --honor-retry-after")
         if not self.max_lag_s > 0:
             raise ConfigError("--max-lag", f"must be > 0, got {self.max_lag_s}")
 

@@ -175,6 +175,7 @@ class RunResult:
     processes: int = 1
     client: str = ""
     honor_retry_after: bool = False
+    retry_jitter: float = 0.0
     status_counts: Counter[int] = dataclasses.field(default_factory=Counter)
     errors: Counter[str] = dataclasses.field(default_factory=Counter)
     not_sent: int = 0
@@ -297,6 +298,7 @@ class RunResult:
             "processes": self.processes,
             "client": self.client,
             "honor_retry_after": self.honor_retry_after,
+            "retry_jitter": self.retry_jitter,
             "sources": self.sources,
             "warmup_s": self.warmup_s,
             "timeout_s": self.timeout_s,
@@ -346,6 +348,7 @@ class RunResult:
                 processes=int(data.get("processes", 1)),
                 client=str(data.get("client", "")),
                 honor_retry_after=bool(data.get("honor_retry_after", False)),
+                retry_jitter=float(data.get("retry_jitter", 0.0)),
                 not_sent=int(data.get("not_sent", 0)),
                 scheduled=int(data.get("scheduled", 0)),
                 completed_responses=int(data["completed_in_window"]["responses"]),
