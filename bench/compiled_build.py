@@ -33,7 +33,7 @@ def environment(variant: str, compiled_dir: Path) -> dict[str, str]:
 
 def check(compiled_dir: Path) -> None:
     """Exit with a clear message unless compiled_dir really holds the compiled build."""
-    probe = "import loadshed.asgi, loadshed.limits.little as l; print(loadshed.asgi.__file__)"
+    probe = "import loadshed.asgi; print(loadshed.asgi.__file__)"
     env = environment(SUFFIX, compiled_dir)
     found = subprocess.run(
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=False

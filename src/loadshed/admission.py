@@ -400,7 +400,7 @@ class Admission:
         if self._inflight >= cap or (self._queued and self._waiting_at_or_above(priority)):
             return None
         now = self.now()
-        if deadline is None:
+        if deadline is None:  # _effective_deadline, inlined: one call fewer per request
             patience = self.patience.patience if self.learn_patience else None
             if patience is not None:
                 deadline = now + patience

@@ -213,23 +213,22 @@ class LoadShedMiddleware:
             return
         now = limiter.admission.now
         deadline = None if timeout is None else now() + timeout
-        # A free slot first (the common case), straight from the core; else queue.
         watch: _Watch | None = None
-        token = limiter.admission.grant_now(priority=priority, deadline=deadline)
-        if token is None:
-            try:
-                entry = limiter.enter(priority=priority, deadline=deadline)
-            except Rejected as rejected:
-                await self._send_rejection(send, rejected)
+        try:
+            # A free slot at once (the common case: no future made), queued, or refused.
+            entry = limiter.enter(priority=priority, deadline=deadline)
+        except Rejected as rejected:
+            await self._send_rejection(send, rejected)
+            return
+        token: Token | None
+        if isinstance(entry, Token):
+            token = entry
+        else:
+            # Watched from the queue on (see _wait_in_queue), through to the end.
+            watch = _Watch(receive, send, self.max_body_bytes, has_body, now, now())
+            token = await self._wait_in_queue(entry, watch, send)
+            if token is None:
                 return
-            if isinstance(entry, Token):
-                token = entry
-            else:
-                # Watched from the queue on (see _wait_in_queue), through to the end.
-                watch = _Watch(receive, send, self.max_body_bytes, has_body, now, now())
-                token = await self._wait_in_queue(entry, watch, send)
-                if token is None:
-                    return
         if watch is None:
             # Watches the connection once the request has lasted disconnect_watch_after;
             # the app reads and answers through it.
