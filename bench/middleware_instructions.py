@@ -20,29 +20,21 @@ as in a saturated server. Reported: instructions per request and the difference 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from compiled_build import DEFAULT_DIR, SUFFIX, app_name, check, environment
+from servers import free_port, uvicorn_command, wait_for_port
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def instructions(variant: str, seconds: float, compiled_dir: Path) -> tuple[int, int]:
@@ -50,20 +42,12 @@ def instructions(variant: str, seconds: float, compiled_dir: Path) -> tuple[int,
     port = free_port()
     command = [
         "valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-        PYTHON, "-m", "uvicorn", f"middleware_targets:{app_name(variant)}", "--app-dir", str(HERE),
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-        "--no-access-log", "--lifespan", "off",
+        *uvicorn_command(app_name(variant), port),
     ]  # fmt: skip
     env = environment(variant, compiled_dir)
     server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            time.sleep(0.1)
-        else:
-            raise RuntimeError(f"{variant} server did not start under valgrind")
+        wait_for_port(port, 120, f"{variant} server under valgrind")
         requests = 0
         if seconds > 0:
             with tempfile.NamedTemporaryFile(suffix=".json") as out:

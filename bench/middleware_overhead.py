@@ -23,17 +23,16 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from compiled_build import DEFAULT_DIR, SUFFIX, app_name, check, environment
+from servers import free_port, uvicorn_command, wait_for_port
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -46,12 +45,6 @@ def pinned(command: list[str], cpu: str) -> list[str]:
     return command
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds the process has used (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -61,20 +54,10 @@ def cpu_seconds(pid: int) -> float:
 @contextlib.contextmanager
 def server(variant: str, compiled_dir: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
-    command = [
-        PYTHON, "-m", "uvicorn", f"middleware_targets:{app_name(variant)}", "--app-dir", str(HERE),
-        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-        "--no-access-log", "--lifespan", "off",
-    ]  # fmt: skip
+    command = uvicorn_command(app_name(variant), port)
     process = subprocess.Popen(pinned(command, "0"), env=environment(variant, compiled_dir))
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            time.sleep(0.05)
-        else:
-            raise RuntimeError(f"{variant} server did not start")
+        wait_for_port(port, 20, f"{variant} server")
         yield f"http://127.0.0.1:{port}/", process.pid
     finally:
         process.terminate()

@@ -223,6 +223,31 @@ async def test_content_length_over_bound_gets_413_without_admission(gate: Gate) 
     assert limiter.snapshot().counts["admitted"] == 0
 
 
+async def _chunks(*parts: bytes) -> Any:
+    """A request body aiohttp sends chunked (no Content-Length)."""
+    for part in parts:
+        yield part
+
+
+async def test_chunked_body_over_bound_gets_413_once_admitted(gate: Gate) -> None:
+    limiter = Limiter(Fixed(1))
+    _app, server = run_server(gate, limiter, max_body_bytes=100)
+    with server as url:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/echo", data=_chunks(b"x" * 60, b"y" * 60)) as resp:
+                assert resp.status == 413
+                assert (await resp.json())["error"] == "payload_too_large"
+            # Under the bound, the same upload reaches the app whole.
+            async with session.post(f"{url}/echo", data=_chunks(b"x" * 50, b"y" * 50)) as resp:
+                assert resp.status == 200
+                assert await resp.json() == {"length": 100, "head": "xxxxxxxx"}
+    await until_idle(limiter)
+    counts = limiter.snapshot().counts
+    # The 413 is a client error: ignored by the limit, not a drop (the app's failed read
+    # of a body it was told was abandoned is not the server's fault).
+    assert (counts["ignored"], counts["success"], counts["dropped"]) == (1, 1, 0)
+
+
 async def test_outcomes_5xx_dropped_4xx_ignored(gate: Gate) -> None:
     limiter = Limiter(Fixed(4))
     _app, server = run_server(gate, limiter)

@@ -70,7 +70,9 @@ class LoadShedMiddleware:
             a callable ``scope -> bool``.
         select: a callable ``scope -> Limiter | None`` that overrides ``routes``.
         reject_status: 503 (default) or 429.
-        max_body_bytes: larger bodies get 413 without being buffered.
+        max_body_bytes: larger bodies get 413 without being buffered: a declared
+            Content-Length on arrival, a chunked body once the app has read that much
+            (the app then reads ``http.disconnect``).
         default_timeout: deadline in seconds for requests that send none.
         deadline_header / grpc_timeout_header / priority_header: header names.
         server_timing: add the ``Server-Timing`` response header.
@@ -237,12 +239,20 @@ class LoadShedMiddleware:
         if self.server_timing:
             watch.timing = token
         scope["loadshed.token"] = token  # lets the app record its own outcome first
+        # A body of unknown length (chunked) is counted as the app reads it: past the
+        # bound the client gets 413 (a declared length was checked on arrival).
+        receive = watch.receive if content_length is not None or not has_body else watch.bounded
         try:
-            await self.app(scope, watch.receive, watch.send)
+            await self.app(scope, receive, watch.send)
         except asyncio.CancelledError:
             token.release(_IGNORED)
             raise
         except BaseException:
+            if watch.refused:
+                # The client was answered 413 and the app told the client left: its
+                # failure to read the rest is expected, and a client error.
+                token.release(_IGNORED)
+                return
             token.release(_DROPPED)  # the server answers 500
             raise
         finally:
@@ -346,21 +356,26 @@ class LoadShedMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     async def _send_too_large(self, send: Send) -> None:
-        body = json.dumps(
-            {"error": "payload_too_large", "reason": f"body over {self.max_body_bytes} bytes"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"connection", b"close"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _send_too_large(send, self.max_body_bytes)
+
+
+async def _send_too_large(send: Send, max_bytes: int) -> None:
+    """Answer 413 and close the connection (the rest of the body is never read)."""
+    body = json.dumps(
+        {"error": "payload_too_large", "reason": f"body over {max_bytes} bytes"}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 class _Watch:
@@ -396,6 +411,10 @@ class _Watch:
     """The status the app answered with (0: none yet)."""
     timing: Token | None = None
     """The token whose queue wait and app time :meth:`send` reports in Server-Timing."""
+    refused = False
+    """The body went over the bound while the app read it, before it answered: the
+    client got 413 and what the app sends goes nowhere."""
+    _body_read = 0  # bytes the app has read through :meth:`bounded`
 
     def __init__(
         self,
@@ -439,6 +458,8 @@ class _Watch:
         A plain function handing back the server's awaitable: one coroutine fewer
         per message than an ``async def`` wrapper.
         """
+        if self.refused:
+            return _nothing()  # the client was answered 413: the app's answer goes nowhere
         if message["type"] == "http.response.start":
             self.status = message["status"]
             token = self.timing
@@ -473,6 +494,24 @@ class _Watch:
             self.start()
         return message
 
+    async def bounded(self) -> Message:
+        """The app's ``receive`` for a body of unknown length: once the body read goes
+        over the bound, the client gets 413 (unless the app has begun its answer) and
+        the app ``http.disconnect``, as if the client had left."""
+        if self._body_read > self._max_bytes:
+            return {"type": "http.disconnect"}
+        message = await self.receive()
+        if message["type"] == "http.request":
+            self._body_read += len(message.get("body", b""))
+            if self._body_read > self._max_bytes:
+                if self.status == 0:  # else the app's answer has begun: it may finish it
+                    await _send_too_large(self._send, self._max_bytes)
+                    self.status = 413
+                    self.answered = True
+                    self.refused = True
+                return {"type": "http.disconnect"}
+        return message
+
     def _client_left(self) -> None:
         if not self.answered and not self.gone:
             self.gone = True
@@ -485,6 +524,10 @@ class _Watch:
             self._client_left()
         if self.on_stop is not None:
             self.on_stop()
+
+
+async def _nothing() -> None:
+    """An awaitable that does nothing (a message dropped after a 413)."""
 
 
 class _Watches:
