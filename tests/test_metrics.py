@@ -6,6 +6,7 @@ import asyncio
 import threading
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -13,6 +14,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from loadshed.asgi import LoadShedMiddleware
+from loadshed.errors import Rejected
 from loadshed.limiter import Limiter
 from loadshed.limits.fixed import Fixed
 from loadshed.metrics import LoadshedMetrics
@@ -88,3 +90,24 @@ def test_track_is_idempotent_and_registry_is_private() -> None:
     )
     assert value == 1
     assert first.registry.get_sample_value("loadshed_limit", {"limiter": "a"}) == 3
+
+
+def test_request_counts_are_read_at_scrape_time_and_add_up_per_name() -> None:
+    metrics = LoadshedMetrics()
+    first, second = Limiter(Fixed(1), name="m", max_queue=0), Limiter(Fixed(1), name="m")
+    metrics.track_all([first, second])
+    first.try_acquire().success()
+    held = first.try_acquire()
+    for _ in range(3):
+        with pytest.raises(Rejected):
+            first.try_acquire()
+    second.try_acquire().dropped()
+
+    def value(outcome: str, reason: str = "") -> float | None:
+        labels = {"limiter": "m", "outcome": outcome, "reason": reason}
+        return metrics.registry.get_sample_value("loadshed_requests_total", labels)
+
+    assert (value("success"), value("dropped"), value("rejected", "limit")) == (1, 1, 3)
+    assert value("rejected", "deadline") == 0  # every label set is there from the start
+    held.success()
+    assert value("success") == 2

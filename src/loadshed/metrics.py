@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
+from prometheus_client import CollectorRegistry, Histogram, make_asgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -45,12 +45,14 @@ DEFAULT_BUCKETS: tuple[float, ...] = (
 
 
 class _Listener:
-    """Turns one limiter's events into metric updates (label children bound once)."""
+    """Turns one limiter's events into histogram observations (label children bound once).
+
+    Request counts are not events here: the limiter counts them anyway, and the
+    collector reads its counters at scrape time, so a refusal (the most common request
+    under overload) costs no metric update at all.
+    """
 
     def __init__(self, metrics: LoadshedMetrics, name: str) -> None:
-        requests = metrics.requests
-        self._outcomes = {o: requests.labels(name, o.value, "") for o in Outcome}
-        self._rejects = {r: requests.labels(name, "rejected", r.value) for r in RejectReason}
         self._queue_wait = metrics.queue_wait.labels(name)
         self._service = metrics.service.labels(name)
 
@@ -58,12 +60,18 @@ class _Listener:
         self._queue_wait.observe(queue_wait_s)
 
     def on_release(self, outcome: Outcome, service_s: float) -> None:
-        self._outcomes[outcome].inc()
         if outcome is not Outcome.IGNORED:
             self._service.observe(service_s)
 
     def on_reject(self, reason: RejectReason, queue_wait_s: float) -> None:
-        self._rejects[reason].inc()
+        pass  # counted by the limiter, read at scrape time
+
+
+# loadshed_requests_total's (outcome, reason) labels -> the limiter's counter key.
+_REQUEST_COUNTS: tuple[tuple[str, str, str], ...] = (
+    *((outcome.value, "", outcome.value) for outcome in Outcome),
+    *(("rejected", reason.value, f"rejected:{reason.value}") for reason in RejectReason),
+)
 
 
 class _StateCollector(Collector):
@@ -89,6 +97,21 @@ class _StateCollector(Collector):
                 lambda a: a.patience.patience,
             ),
         ]
+        requests = CounterMetricFamily(
+            "loadshed_requests",
+            "Requests by outcome (success, dropped, ignored, rejected) and rejection reason.",
+            labels=["limiter", "outcome", "reason"],
+        )
+        totals_by_limiter: dict[str, dict[str, int]] = {}
+        for admission in self.admissions:
+            # Limiters sharing a name add up (one sample per label set).
+            totals = totals_by_limiter.setdefault(admission.name, {})
+            for key, count in admission.counts.items():
+                totals[key] = totals.get(key, 0) + count
+        for name, totals in totals_by_limiter.items():
+            for outcome, reason, key in _REQUEST_COUNTS:
+                requests.add_metric([name, outcome, reason], totals.get(key, 0))
+        yield requests
         for metric_name, documentation, read in gauges:
             family = GaugeMetricFamily(metric_name, documentation, labels=["limiter"])
             for admission in self.admissions:
@@ -100,11 +123,11 @@ class _StateCollector(Collector):
             "Requests whose deadline or priority header was malformed (ignored).",
             labels=["header"],
         )
-        totals: dict[str, int] = {}
+        by_header: dict[str, int] = {}
         for middleware in self.middlewares:
             for header, count in middleware.malformed_headers.items():
-                totals[header] = totals.get(header, 0) + count
-        for header, count in sorted(totals.items()):
+                by_header[header] = by_header.get(header, 0) + count
+        for header, count in sorted(by_header.items()):
             malformed.add_metric([header], count)
         yield malformed
 
@@ -119,12 +142,6 @@ class LoadshedMetrics:
         buckets: Sequence[float] = DEFAULT_BUCKETS,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.requests = Counter(
-            "loadshed_requests",
-            "Requests by outcome (success, dropped, ignored, rejected) and rejection reason.",
-            ["limiter", "outcome", "reason"],
-            registry=self.registry,
-        )
         self.queue_wait = Histogram(
             "loadshed_queue_wait_seconds",
             "Time admitted requests waited in the queue.",
