@@ -313,8 +313,12 @@ class Admission:
 
     def retry_after(self) -> float:
         """Seconds until the queue would have drained at the current pace."""
+        # Runs for every refusal: plain comparisons rather than max(), the algorithm's
+        # limit read directly rather than through self.limit.
         service = self.service.mean or _DEFAULT_QUEUE_WAIT
-        return max(0.001, (self._queued + 1) / max(1, self.limit) * service)
+        limit = self.algorithm.limit
+        seconds = (self._queued + 1) / (limit if limit > 1 else 1) * service
+        return seconds if seconds > 0.001 else 0.001
 
     def client_gave_up(self, waited: float) -> None:
         """A client disconnected or timed out after ``waited`` seconds: learn its patience."""
@@ -346,14 +350,16 @@ class Admission:
         if deadline is not None and deadline <= now:
             raise self._refuse(RejectReason.DEADLINE, 0.0)
         ahead = self._waiting_at_or_above(priority)
-        if not ahead and self._can_admit(priority):
+        limit = self.algorithm.limit
+        cap = self._cap(priority) if self._reserved else limit
+        if not ahead and self._inflight < cap:
             return self._grant(priority, deadline, now, enqueued_at=now)
 
         # The high service-time percentile sorts a window: read it only for a deadline.
         service_high = self.service.high if deadline is not None else None
         service_mean = self.service.mean
         if deadline is not None and service_mean is not None and service_high is not None:
-            expected_wait = (ahead + 1) / max(1, self.limit) * service_mean
+            expected_wait = (ahead + 1) / (limit if limit > 1 else 1) * service_mean
             if now + expected_wait + service_high > deadline:
                 raise self._refuse(RejectReason.DEADLINE, 0.0)
 
@@ -362,7 +368,7 @@ class Admission:
             self.discipline == "fifo"
             and ahead  # nothing ahead: it may still be granted before max_wait
             and service_mean is not None
-            and ahead / max(1, self.limit) * service_mean >= max_wait
+            and ahead / (limit if limit > 1 else 1) * service_mean >= max_wait
         ):
             # The queue is full in time: what is ahead alone takes the whole wait
             # bound, so this request would only time out in the queue. Refusing now
@@ -370,7 +376,8 @@ class Admission:
             raise self._refuse(RejectReason.LIMIT, 0.0)
 
         if self._queued >= self.max_queue:
-            victim = self._least_critical_below(priority)
+            # Only a queued ticket can make room (max_queue=0 never queues).
+            victim = self._least_critical_below(priority) if self._queued else None
             if victim is None:
                 raise self._refuse(RejectReason.LIMIT, 0.0)
             self._evict(victim, RejectReason.PRIORITY, now)

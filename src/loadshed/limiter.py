@@ -132,11 +132,17 @@ class Limiter:
         token = self.admission.grant_now(priority=priority, deadline=deadline)
         if token is not None:  # the common case: no future needed
             return token
-        # The callbacks only fire after submit() returned a ticket, by which time the
-        # future exists: a refusal (the common case under overload) never makes one.
-        # The loop is fetched first: without one, nothing may be left queued.
+        # A ticket's callbacks only fire after submit() returned it, so they are made
+        # here, for a queued request only: a refusal (the common case under overload)
+        # makes no future and no closures. The loop is fetched first: without one,
+        # nothing may be left queued.
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Token]
+        result = self.admission.submit(
+            priority=priority, deadline=deadline, on_grant=_not_set, on_reject=_not_set
+        )
+        if isinstance(result, Token):
+            return result
+        future: asyncio.Future[Token] = loop.create_future()
 
         def on_grant(token: Token) -> None:
             if future.done():  # the waiter was cancelled in the same tick
@@ -148,12 +154,8 @@ class Limiter:
             if not future.done():
                 future.set_exception(rejected)
 
-        result = self.admission.submit(
-            priority=priority, deadline=deadline, on_grant=on_grant, on_reject=on_reject
-        )
-        if isinstance(result, Token):
-            return result
-        future = loop.create_future()
+        result.on_grant = on_grant
+        result.on_reject = on_reject
         self._arm_timer(loop)
         return Waiting(self.admission, result, future)
 
@@ -179,6 +181,11 @@ class Limiter:
         self._timer_at = float("inf")
         self.admission.expire()
         self._arm_timer(loop)
+
+
+def _not_set(_: object) -> None:
+    """A ticket's callback until :meth:`Limiter.enter` sets the real ones."""
+    raise AssertionError("a ticket's callback fired before submit() returned it")
 
 
 class Waiting:
