@@ -1,7 +1,7 @@
 """What LoadShedMiddleware costs on a trivial endpoint, side by side in one run.
 
-    .venv/bin/python bench/middleware_overhead.py [--clients 8] [--duration 5] [--rounds 3]
-        [--variants bare,fixed,little,fixed+compiled,little+compiled]
+    .venv/bin/python bench/middleware_overhead.py [--clients 8 | --rate R] [--duration 5]
+        [--rounds 3] [--variants bare,fixed,little,fixed+compiled,little+compiled]
 
 Uvicorn servers (one process each, pinned to CPU 0 when taskset is there) serve
 the same trivial Starlette endpoint: bare, behind the middleware with ``fixed:1024``
@@ -9,7 +9,12 @@ the same trivial Starlette endpoint: bare, behind the middleware with ``fixed:10
 default limit (``little``); ``+compiled`` variants serve the same from the mypyc
 build (``make compiled``, see ``bench/compiled_build.py``). ``loadshed bench`` drives
 each in turn, closed loop with ``--clients`` connections (pinned to the other CPU),
-``--rounds`` times, interleaved.
+``--rounds`` times, interleaved. With ``--rate R`` the load is open loop at R requests/s
+instead, the same for every variant: below saturation, the added p50 is the latency the
+middleware itself adds, where under a saturating closed loop it also holds the queue that
+forms behind the lower throughput (Little's law: p50 ~ clients / throughput).
+Other variants in ``bench/middleware_targets.py`` work too (``forward``, ``timing_header``,
+``fixed_untimed``, ...).
 Reported: median throughput and p50/p99 per variant, and against bare: the
 throughput ratio and the added p50; also the server's CPU time per request (user +
 system, read from the process before and after each run, divided by the requests it
@@ -64,10 +69,11 @@ def server(variant: str, compiled_dir: Path) -> Iterator[tuple[str, int]]:
         process.wait(timeout=10)
 
 
-def bench(url: str, clients: int, duration: float) -> dict[str, Any]:
+def bench(url: str, load: list[str], duration: float) -> dict[str, Any]:
+    """One run of ``loadshed bench`` with ``load`` (``--clients C`` or ``--rate R``)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         command = [
-            PYTHON, "-m", "loadshed.cli", "bench", url, "--clients", str(clients),
+            PYTHON, "-m", "loadshed.cli", "bench", url, *load,
             # No warm-up: every request the server answers is counted (CPU per request).
             "--duration", f"{duration}s", "--warmup", "0s", "--quiet", "--json", out.name,
         ]  # fmt: skip
@@ -78,7 +84,14 @@ def bench(url: str, clients: int, duration: float) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=8, help="closed loop: saturating load")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open loop at this many requests/s instead (one load every variant holds: the "
+        "added p50 is then the middleware's own latency, not a queue behind less throughput)",
+    )
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--variants", default=VARIANTS, help="comma-separated; bare first")
@@ -90,18 +103,21 @@ def main() -> None:
         sys.exit("error: --variants must start with bare (the reference)")
     if any(variant.endswith(SUFFIX) for variant in variants):
         check(args.compiled_dir)
+    if args.rate is not None and not args.rate > 0:
+        sys.exit(f"error: --rate must be > 0 requests/s, got {args.rate}")
+    load = ["--clients", str(args.clients)] if args.rate is None else ["--rate", str(args.rate)]
     runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
     with contextlib.ExitStack() as stack:
         servers = {
             variant: stack.enter_context(server(variant, args.compiled_dir)) for variant in variants
         }
         for variant in variants:  # warm each server up once, outside the figures
-            bench(servers[variant][0], args.clients, 1.0)
+            bench(servers[variant][0], load, 1.0)
         for _ in range(args.rounds):
             for variant in variants:
                 url, pid = servers[variant]
                 cpu_before = cpu_seconds(pid)
-                result = bench(url, args.clients, args.duration)
+                result = bench(url, load, args.duration)
                 cpu_used = cpu_seconds(pid) - cpu_before
                 runs[variant].append(
                     {
@@ -121,6 +137,7 @@ def main() -> None:
         for variant in variants
     }
     bare = median["bare"]
+    print(f"Load: {' '.join(load)}, {args.duration:g} s per run, {args.rounds} rounds.\n")
     print(f"| variant | req/s (median of {args.rounds}) | p50 ms | p99 ms | "
           "throughput vs bare | added p50 us | server CPU us/request | added CPU us |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -14,6 +14,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from loadshed.asgi import LoadShedMiddleware
+from loadshed.limiter import Limiter
 
 
 async def hello(request: Request) -> PlainTextResponse:
@@ -81,3 +82,10 @@ _REFUSAL_HEADERS = [
     (b"content-length", b"%d" % len(_REFUSAL_BODY)),
     (b"retry-after", b"1"),
 ]
+
+
+# The middleware refusing every request (its one slot held for good, no queue): what a
+# refusal costs through LoadShedMiddleware alone, no model, no metrics (rejection_floor.py).
+_full = Limiter("fixed:1", max_queue=0)
+_held = _full.try_acquire()
+refuse_all = LoadShedMiddleware(Starlette(routes=[Route("/", hello)]), limiter=_full)

@@ -4,16 +4,22 @@ answer 503s at all? Side by side with loadshed's protected server, in one run.
     .venv/bin/python bench/rejection_floor.py [--clients 4,8,16,32] [--duration 10s]
         [--warmup 2s] [--rounds 2] [--json out.json]
 
-Two servers on 127.0.0.1, driven in turn by loadshed's load generator exactly as E1 drives
+Three servers on 127.0.0.1, driven in turn by loadshed's load generator exactly as E1 drives
 them (bench/e1_live.py): closed loop, clients that send again as soon as they are answered,
 a 2 s client timeout.
 - ``floor``: uvicorn (uvloop and httptools, as ``serve-demo`` runs) serving an ASGI app that
   answers every request with 503 at once (``always_503`` in bench/middleware_targets.py):
-  no admission, no model, no framework. While it is driven, a CPU-bound process runs beside
-  it, as E1's model worker does, so that both servers have the same CPU left to share.
+  no admission, no model, no framework. A CPU-bound process runs beside it, in the same
+  session, as E1's model worker runs beside ``serve-demo``: with Linux's autogroup scheduling
+  a session shares the CPU as one group, so each server gets the same CPU to share with its
+  busy neighbour, whatever the load generator takes.
+- ``refuse_all``: the same uvicorn serving LoadShedMiddleware with its one slot held for
+  good and no queue: every request refused by the middleware alone (no model, no metrics),
+  with the same CPU-bound neighbour.
 - ``little``: ``serve-demo --model hashburn --protect little`` (E1 at 1x: one worker, 0.5 s
   of CPU per request), whose worker stays busy while nearly every request is refused.
-At each client count the two run one after the other, ``--rounds`` times, interleaved.
+At each client count the three run one after the other, ``--rounds`` times, interleaved
+(``floor`` and ``refuse_all`` start afresh for each run, so that only one neighbour burns).
 
 Reported per server and client count (median over rounds): responses per second (X),
 clients / X (by Little's law the mean response time of clients that retry at once: no
@@ -26,7 +32,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -41,33 +49,30 @@ from loadshed.loadgen.runner import run_bench
 from loadshed.units import parse_duration, parse_int_list
 from servers import free_port, uvicorn_command, wait_for_port
 
-SERVERS = ("floor", "little")
+SERVERS = ("floor", "refuse_all", "little")
 FIGURES = ("throughput_rps", "closed_loop_mean_s", "p50_rejected_s", "p99_rejected_s")
 _BURN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
 
 
 @contextlib.contextmanager
-def floor_server() -> Iterator[str]:
-    """uvicorn serving always_503 on a free loopback port; yields its URL."""
+def burning_server(app: str, burn_s: float) -> Iterator[str]:
+    """uvicorn serving ``middleware_targets:<app>`` on a free loopback port, with a process
+    that keeps one CPU busy for ``burn_s`` beside it, both in a session of their own (as
+    ``serve-demo`` and its model worker run in the live E1 harness: with Linux's autogroup
+    scheduling a session shares the CPU as one group). Yields the URL."""
     port = free_port()
-    process = subprocess.Popen(uvicorn_command("always_503", port))
+    burn = shlex.quote(_BURN.format(seconds=burn_s))
+    server = " ".join(shlex.quote(part) for part in uvicorn_command(app, port))
+    # sh starts the burner, then becomes uvicorn: one process group to stop.
+    launcher = f"{shlex.quote(sys.executable)} -c {burn} & exec {server}"
+    process = subprocess.Popen(["sh", "-c", launcher], start_new_session=True)
     try:
-        wait_for_port(port, 20, "the floor server")
+        wait_for_port(port, 20, f"the {app} server")
         yield f"http://127.0.0.1:{port}/"
     finally:
-        process.terminate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def cpu_burner(seconds: float) -> Iterator[None]:
-    """A process that keeps one CPU busy (as E1's model worker does), at most ``seconds``."""
-    process = subprocess.Popen([sys.executable, "-c", _BURN.format(seconds=seconds)])
-    try:
-        yield
-    finally:
-        process.kill()
-        process.wait()
 
 
 def drive(url: str, clients: int, duration_s: float, warmup_s: float) -> dict[str, Any]:
@@ -115,24 +120,25 @@ def main() -> None:
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     little = start_server("little", E1_SERVICE_TIME)
     try:
-        with floor_server() as floor_url:
-            for clients in clients_list:
-                for round_index in range(args.rounds):
-                    with cpu_burner(duration_s + warmup_s + 30):
-                        floor = drive(floor_url, clients, duration_s, warmup_s)
-                    runs.setdefault(("floor", clients), []).append(floor)
-                    url = f"{little.url}/calculate?input=loadshed"
-                    protected = drive(url, clients, duration_s, warmup_s)
-                    runs.setdefault(("little", clients), []).append(protected)
-                    for name, run in (("floor", floor), ("little", protected)):
-                        p99 = run["p99_rejected_s"]
-                        print(
-                            f"  round {round_index + 1} {name:>6} {clients:>3} clients: "
-                            f"{run['throughput_rps']:,.0f}/s, p99 503 "
-                            f"{'-' if p99 is None else f'{p99 * 1e3:.2f} ms'}",
-                            file=sys.stderr,
-                            flush=True,
-                        )
+        for clients in clients_list:
+            for round_index in range(args.rounds):
+                for name in SERVERS:
+                    if name == "little":
+                        url = f"{little.url}/calculate?input=loadshed"
+                        run = drive(url, clients, duration_s, warmup_s)
+                    else:
+                        app = "always_503" if name == "floor" else "refuse_all"
+                        with burning_server(app, duration_s + warmup_s + 30) as url:
+                            run = drive(url, clients, duration_s, warmup_s)
+                    runs.setdefault((name, clients), []).append(run)
+                    p99 = run["p99_rejected_s"]
+                    print(
+                        f"  round {round_index + 1} {name:>10} {clients:>3} clients: "
+                        f"{run['throughput_rps']:,.0f}/s, p99 503 "
+                        f"{'-' if p99 is None else f'{p99 * 1e3:.2f} ms'}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         little.stop()
 
@@ -157,8 +163,10 @@ def main() -> None:
     print(f"`{command.strip()}`\n")
     print(
         f"Medians of {args.rounds} round(s); {duration_s:g} s measured per run after "
-        f"{warmup_s:g} s of warm-up. floor: uvicorn answering 503 at once beside a busy CPU; "
-        "little: serve-demo hashburn --protect little (E1 at 1x). Times in ms.\n"
+        f"{warmup_s:g} s of warm-up. floor: uvicorn answering 503 at once beside a busy CPU "
+        "(same session); "
+        "refuse_all: the same with LoadShedMiddleware refusing every request (its one slot "
+        "held); little: serve-demo hashburn --protect little (E1 at 1x). Times in ms.\n"
     )
     print("| clients | server | responses/s | clients / X | 503 p50 | 503 p99 |")
     print("| ---: | --- | ---: | ---: | ---: | ---: |")

@@ -8,7 +8,9 @@ Exported, labelled by limiter name:
 - ``loadshed_limit``, ``loadshed_inflight``, ``loadshed_queue_length`` (gauges, read at
   scrape time), ``loadshed_service_time_estimate_seconds``, ``loadshed_patience_seconds``;
 - ``loadshed_requests_total{outcome,reason}``: outcome is success, dropped, ignored
-  or rejected; reason is the rejection reason (empty otherwise);
+  or rejected; reason is the rejection reason (empty otherwise); read from the
+  limiter's own counters at scrape time (whole lifetime of the limiter), so counting
+  costs a request nothing beyond the limiter's own dict increment;
 - ``loadshed_queue_wait_seconds`` and ``loadshed_service_seconds`` histograms with
   buckets from 1 ms to 30 s;
 - ``loadshed_malformed_headers_total{header}`` from tracked middleware.
