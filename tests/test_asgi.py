@@ -248,6 +248,35 @@ async def test_chunked_body_over_bound_gets_413_once_admitted(gate: Gate) -> Non
     assert (counts["ignored"], counts["success"], counts["dropped"]) == (1, 1, 0)
 
 
+async def test_chunked_body_over_bound_after_the_answer_began_is_cut_not_refused() -> None:
+    seen: list[str] = []
+
+    async def streaming(scope: Any, receive: Any, send: Any) -> None:
+        # Answers first, then reads: past the bound it is told the client left.
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        size = 0
+        while True:
+            message = await receive()
+            seen.append(message["type"])
+            if message["type"] == "http.disconnect":
+                break
+            size += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        await send({"type": "http.response.body", "body": b"read %d" % size})
+
+    limiter = Limiter(Fixed(1))
+    app = LoadShedMiddleware(streaming, limiter=limiter, max_body_bytes=100)
+    with serve(app) as url:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{url}/up", data=_chunks(b"x" * 60, b"y" * 60)) as resp:
+                assert resp.status == 200  # its answer had begun: no 413 over it
+                assert (await resp.read()).startswith(b"read ")
+    assert seen[-1] == "http.disconnect"
+    await until_idle(limiter)
+    assert limiter.snapshot().counts["success"] == 1
+
+
 async def test_outcomes_5xx_dropped_4xx_ignored(gate: Gate) -> None:
     limiter = Limiter(Fixed(4))
     _app, server = run_server(gate, limiter)

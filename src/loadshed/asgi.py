@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Final
@@ -47,6 +48,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 RouteSelector = Callable[[Scope], "Limiter | None"]
 """Chooses the limiter for a request, or None to let it through unprotected."""
 
+_logger = logging.getLogger("loadshed.asgi")
 _REJECT_STATUSES = (429, 503)
 # Per-request paths read enum members from plain names (~6 ns) rather than through
 # their class (~70 ns on CPython 3.11).
@@ -71,8 +73,9 @@ class LoadShedMiddleware:
         select: a callable ``scope -> Limiter | None`` that overrides ``routes``.
         reject_status: 503 (default) or 429.
         max_body_bytes: larger bodies get 413 without being buffered: a declared
-            Content-Length on arrival, a chunked body once the app has read that much
-            (the app then reads ``http.disconnect``).
+            Content-Length on arrival, a chunked body (``Transfer-Encoding``) once the
+            app has read that much (the app then reads ``http.disconnect``; if it had
+            begun its answer already, it may finish it).
         default_timeout: deadline in seconds for requests that send none.
         deadline_header / grpc_timeout_header / priority_header: header names.
         server_timing: add the ``Server-Timing`` response header.
@@ -239,7 +242,7 @@ class LoadShedMiddleware:
         if self.server_timing:
             watch.timing = token
         scope["loadshed.token"] = token  # lets the app record its own outcome first
-        # A body of unknown length (chunked) is counted as the app reads it: past the
+        # A chunked body (no Content-Length) is counted as the app reads it: past the
         # bound the client gets 413 (a declared length was checked on arrival).
         receive = watch.receive if content_length is not None or not has_body else watch.bounded
         try:
@@ -247,13 +250,18 @@ class LoadShedMiddleware:
         except asyncio.CancelledError:
             token.release(_IGNORED)
             raise
-        except BaseException:
-            if watch.refused:
-                # The client was answered 413 and the app told the client left: its
-                # failure to read the rest is expected, and a client error.
+        except Exception as error:
+            if watch.over_bound:
+                # The app was told the client left once the body went over the bound
+                # (the client got 413 if the app had not answered yet): its failure
+                # to read the rest is expected, and a client error, not the server's.
                 token.release(_IGNORED)
+                _logger.debug("app failed after a body over max_body_bytes: %r", error)
                 return
             token.release(_DROPPED)  # the server answers 500
+            raise
+        except BaseException:
+            token.release(_DROPPED)
             raise
         finally:
             self._watches.finish(watch)
@@ -411,9 +419,11 @@ class _Watch:
     """The status the app answered with (0: none yet)."""
     timing: Token | None = None
     """The token whose queue wait and app time :meth:`send` reports in Server-Timing."""
+    over_bound = False
+    """A body of unknown length went over the bound while the app read it."""
     refused = False
-    """The body went over the bound while the app read it, before it answered: the
-    client got 413 and what the app sends goes nowhere."""
+    """... and before the app answered: the client got 413, and what the app sends
+    goes nowhere."""
     _body_read = 0  # bytes the app has read through :meth:`bounded`
 
     def __init__(
@@ -498,17 +508,20 @@ class _Watch:
         """The app's ``receive`` for a body of unknown length: once the body read goes
         over the bound, the client gets 413 (unless the app has begun its answer) and
         the app ``http.disconnect``, as if the client had left."""
-        if self._body_read > self._max_bytes:
+        if self.over_bound:
             return {"type": "http.disconnect"}
         message = await self.receive()
         if message["type"] == "http.request":
             self._body_read += len(message.get("body", b""))
             if self._body_read > self._max_bytes:
+                self.over_bound = True
                 if self.status == 0:  # else the app's answer has begun: it may finish it
-                    await _send_too_large(self._send, self._max_bytes)
+                    # Marked before sending: from here on the app's own sends (another
+                    # task of the app may be answering right now) go nowhere.
                     self.status = 413
                     self.answered = True
                     self.refused = True
+                    await _send_too_large(self._send, self._max_bytes)
                 return {"type": "http.disconnect"}
         return message
 
