@@ -7,6 +7,7 @@ import threading
 
 import aiohttp
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -92,7 +93,7 @@ def test_track_is_idempotent_and_registry_is_private() -> None:
     assert first.registry.get_sample_value("loadshed_limit", {"limiter": "a"}) == 3
 
 
-def test_request_counts_are_read_at_scrape_time_and_add_up_per_name() -> None:
+def test_limiters_sharing_a_name_are_exported_once_counts_read_at_scrape_time() -> None:
     metrics = LoadshedMetrics()
     first, second = Limiter(Fixed(1), name="m", max_queue=0), Limiter(Fixed(1), name="m")
     metrics.track_all([first, second])
@@ -109,5 +110,10 @@ def test_request_counts_are_read_at_scrape_time_and_add_up_per_name() -> None:
 
     assert (value("success"), value("dropped"), value("rejected", "limit")) == (1, 1, 3)
     assert value("rejected", "deadline") == 0  # every label set is there from the start
+    # One sample per label set: slots add up (an exposition with duplicates is refused).
+    assert metrics.registry.get_sample_value("loadshed_limit", {"limiter": "m"}) == 2
+    assert metrics.registry.get_sample_value("loadshed_inflight", {"limiter": "m"}) == 1
+    text = generate_latest(metrics.registry).decode()
+    assert text.count('loadshed_limit{limiter="m"}') == 1
     held.success()
     assert value("success") == 2

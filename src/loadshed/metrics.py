@@ -15,6 +15,10 @@ Exported, labelled by limiter name:
   buckets from 1 ms to 30 s;
 - ``loadshed_malformed_headers_total{header}`` from tracked middleware.
 
+Limiters that share a name (every limiter is ``default`` unless named) are exported
+as one: limits, in-flight and queued requests and the counts add up, the estimates
+are averaged.
+
 With ``uvicorn --workers N`` every worker process has its own limiters and its own
 metrics, and a scrape reaches one worker at random: run one worker per container
 (or per port) and let Prometheus scrape each, which is also what makes per-worker
@@ -24,6 +28,7 @@ the scrape-time gauges.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -84,19 +89,37 @@ class _StateCollector(Collector):
         self.middlewares: list[LoadShedMiddleware] = []
 
     def collect(self) -> Iterator[Metric]:
-        gauges: list[tuple[str, str, Callable[[Admission], float | None]]] = [
-            ("loadshed_limit", "Current concurrency limit.", lambda a: a.limit),
-            ("loadshed_inflight", "Requests admitted and not yet released.", lambda a: a.inflight),
-            ("loadshed_queue_length", "Requests waiting for admission.", lambda a: a.queue_length),
+        # Limiters that share a name (every limiter is "default" unless named) are
+        # exported as one, since one label set may carry one sample: slots, requests
+        # and counts add up, the estimates are averaged over those that have one.
+        by_name: dict[str, list[Admission]] = {}
+        for admission in self.admissions:
+            by_name.setdefault(admission.name, []).append(admission)
+        gauges: list[tuple[str, str, Callable[[Admission], float | None], bool]] = [
+            ("loadshed_limit", "Current concurrency limit.", lambda a: a.limit, True),
+            (
+                "loadshed_inflight",
+                "Requests admitted and not yet released.",
+                lambda a: a.inflight,
+                True,
+            ),
+            (
+                "loadshed_queue_length",
+                "Requests waiting for admission.",
+                lambda a: a.queue_length,
+                True,
+            ),
             (
                 "loadshed_service_time_estimate_seconds",
                 "Moving average of service time used for wait estimates.",
                 lambda a: a.service.mean,
+                False,
             ),
             (
                 "loadshed_patience_seconds",
                 "Learned client patience (default deadline); NaN while unknown.",
                 lambda a: a.patience.patience,
+                False,
             ),
         ]
         requests = CounterMetricFamily(
@@ -104,21 +127,25 @@ class _StateCollector(Collector):
             "Requests by outcome (success, dropped, ignored, rejected) and rejection reason.",
             labels=["limiter", "outcome", "reason"],
         )
-        totals_by_limiter: dict[str, dict[str, int]] = {}
-        for admission in self.admissions:
-            # Limiters sharing a name add up (one sample per label set).
-            totals = totals_by_limiter.setdefault(admission.name, {})
-            for key, count in admission.counts.items():
-                totals[key] = totals.get(key, 0) + count
-        for name, totals in totals_by_limiter.items():
+        for name, admissions in by_name.items():
+            totals: dict[str, int] = {}
+            for admission in admissions:
+                for key, count in admission.counts.items():
+                    totals[key] = totals.get(key, 0) + count
             for outcome, reason, key in _REQUEST_COUNTS:
                 requests.add_metric([name, outcome, reason], totals.get(key, 0))
         yield requests
-        for metric_name, documentation, read in gauges:
+        for metric_name, documentation, read, additive in gauges:
             family = GaugeMetricFamily(metric_name, documentation, labels=["limiter"])
-            for admission in self.admissions:
-                value = read(admission)
-                family.add_metric([admission.name], float("nan") if value is None else value)
+            for name, admissions in by_name.items():
+                known = [v for v in map(read, admissions) if v is not None]
+                if not known:
+                    value = math.nan
+                elif additive:
+                    value = float(sum(known))
+                else:
+                    value = sum(known) / len(known)
+                family.add_metric([name], value)
             yield family
         malformed = CounterMetricFamily(
             "loadshed_malformed_headers",
