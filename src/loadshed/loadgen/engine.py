@@ -276,7 +276,14 @@ class Engine:
             if wait:
                 if jitter:
                     wait *= rng.uniform(1.0 - jitter, 1.0 + jitter)
-                await asyncio.sleep(min(wait, max(0.0, end - now())))
+                remaining = end - now()
+                if wait >= remaining:
+                    # Told to come back after the window: this client is done. (Sleeping
+                    # to the end and looping sent one more request when the timer woke
+                    # a hair early, within the loop's clock resolution.)
+                    await asyncio.sleep(max(0.0, remaining))
+                    break
+                await asyncio.sleep(wait)
 
     # -- open loop ----------------------------------------------------------------------------
 
