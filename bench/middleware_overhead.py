@@ -9,10 +9,11 @@ the same trivial Starlette endpoint: bare, behind the middleware with ``fixed:10
 default limit (``little``); ``+compiled`` variants serve the same from the mypyc
 build (``make compiled``, see ``bench/compiled_build.py``). ``loadshed bench`` drives
 each in turn, closed loop with ``--clients`` connections (pinned to the other CPU),
-``--rounds`` times, interleaved. With ``--rate R`` the load is open loop at R requests/s
-instead, the same for every variant: below saturation, the added p50 is the latency the
-middleware itself adds, where under a saturating closed loop it also holds the queue that
-forms behind the lower throughput (Little's law: p50 ~ clients / throughput).
+``--rounds`` times, interleaved (each round starts one variant later). With
+``--rate R`` the load is open loop at R requests/s instead, the same for every variant:
+below saturation, the added p50 is the latency the middleware itself adds, where under a
+saturating closed loop it also holds the queue that forms behind the lower throughput
+(Little's law: p50 ~ clients / throughput).
 Other variants in ``bench/middleware_targets.py`` work too (``forward``, ``timing_header``,
 ``fixed_untimed``, ...).
 Reported: median throughput and p50/p99 per variant, and against bare: the
@@ -113,8 +114,11 @@ def main() -> None:
         }
         for variant in variants:  # warm each server up once, outside the figures
             bench(servers[variant][0], load, 1.0)
-        for _ in range(args.rounds):
-            for variant in variants:
+        for round_index in range(args.rounds):
+            # Each round starts one variant later, so none is always measured first
+            # (or always right after the same neighbour).
+            shift = round_index % len(variants)
+            for variant in variants[shift:] + variants[:shift]:
                 url, pid = servers[variant]
                 cpu_before = cpu_seconds(pid)
                 result = bench(url, load, args.duration)
