@@ -214,7 +214,7 @@ class LoadShedMiddleware:
 
         timeout, priority, content_length, has_body = self._read_headers(scope)
         if content_length is not None and content_length > self.max_body_bytes:
-            await self._send_too_large(send)
+            await _send_too_large(send, self.max_body_bytes)
             return
         now = limiter.admission.now
         deadline = None if timeout is None else now() + timeout
@@ -341,7 +341,7 @@ class LoadShedMiddleware:
             if rejected.reason is RejectReason.CLIENT_GONE:
                 return None
             if watch.too_large and rejected.reason is RejectReason.LIMIT:
-                await self._send_too_large(send)
+                await _send_too_large(send, self.max_body_bytes)
             else:
                 await self._send_rejection(send, rejected)
             return None
@@ -362,9 +362,6 @@ class LoadShedMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": body})
-
-    async def _send_too_large(self, send: Send) -> None:
-        await _send_too_large(send, self.max_body_bytes)
 
 
 async def _send_too_large(send: Send, max_bytes: int) -> None:

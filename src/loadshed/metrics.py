@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry, Histogram, make_asgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from loadshed.admission import Admission
+from loadshed.admission import REJECT_COUNT_KEYS, Admission
 from loadshed.errors import Outcome, Priority, RejectReason
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class _Listener:
 # loadshed_requests_total's (outcome, reason) labels -> the limiter's counter key.
 _REQUEST_COUNTS: tuple[tuple[str, str, str], ...] = (
     *((outcome.value, "", outcome.value) for outcome in Outcome),
-    *(("rejected", reason.value, f"rejected:{reason.value}") for reason in RejectReason),
+    *(("rejected", reason.value, REJECT_COUNT_KEYS[reason]) for reason in RejectReason),
 )
 
 

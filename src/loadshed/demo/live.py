@@ -39,7 +39,7 @@ import click
 
 from loadshed.demo.serve import DEFAULT_DEADLINE_TARGET, validate_protect
 from loadshed.errors import ConfigError, LoadshedError
-from loadshed.loadgen.options import BenchOptions
+from loadshed.loadgen.options import BenchOptions, check_retry_jitter
 from loadshed.loadgen.results import RunResult
 
 __all__ = [
@@ -98,10 +98,7 @@ class LiveConfig:
             raise ConfigError("--warmup", f"must be >= 0 seconds, got {self.warmup_s}")
         if self.workers < 1:
             raise ConfigError("--workers", f"must be >= 1, got {self.workers}")
-        if not 0.0 <= self.retry_jitter <= 1.0:
-            raise ConfigError("--retry-jitter", f"must be within [0, 1], got {self.retry_jitter}")
-        if self.retry_jitter and not self.honor_retry_after:
-            raise ConfigError("--retry-jitter", "needs --honor-retry-after")
+        check_retry_jitter(self.retry_jitter, self.honor_retry_after)
 
     @property
     def service_time_s(self) -> float:

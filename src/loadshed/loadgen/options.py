@@ -22,6 +22,7 @@ __all__ = [
     "Arrival",
     "BenchOptions",
     "ClientKind",
+    "check_retry_jitter",
     "default_client",
     "parse_retry_after",
     "validate_url",
@@ -54,6 +55,15 @@ RETRY_AFTER: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 """Set by the HTTP clients, in the sending task, to the ``Retry-After`` seconds of a
 429/503 (None otherwise): how the closed loop learns it without widening the status
 every client returns."""
+
+
+def check_retry_jitter(retry_jitter: float, honor_retry_after: bool) -> None:
+    """Raise :class:`ConfigError` (``--retry-jitter``) unless the jitter is in [0, 1] and,
+    when non-zero, comes with ``--honor-retry-after``."""
+    if not 0.0 <= retry_jitter <= 1.0:
+        raise ConfigError("--retry-jitter", f"must be within [0, 1], got {retry_jitter}")
+    if retry_jitter and not honor_retry_after:
+        raise ConfigError("--retry-jitter", "needs --honor-retry-after")
 
 
 def parse_retry_after(value: bytes | str | None) -> float | None:
@@ -152,10 +162,7 @@ class BenchOptions:
                 "--honor-retry-after",
                 "applies to the closed loop (--clients) only: open-loop arrivals do not wait",
             )
-        if not 0.0 <= self.retry_jitter <= 1.0:
-            raise ConfigError("--retry-jitter", f"must be within [0, 1], got {self.retry_jitter}")
-        if self.retry_jitter and not self.honor_retry_after:
-            raise ConfigError("--retry-jitter", "needs --honor-retry-after")
+        check_retry_jitter(self.retry_jitter, self.honor_retry_after)
         if not self.max_lag_s > 0:
             raise ConfigError("--max-lag", f"must be > 0, got {self.max_lag_s}")
 
