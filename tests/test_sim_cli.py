@@ -49,6 +49,25 @@ def test_no_deadline_flag_reaches_the_clients() -> None:
     assert json.loads(without)["deadlines"] is False
 
 
+def test_workers_to_changes_the_capacity_and_keeps_the_service_time() -> None:
+    code, output = _run(
+        [
+            "simulate", "capacity-change", "--workers", "8", "--service-time", "100ms",
+            "--workers-to", "4", "--rate", "60", "--limit", "fixed", "--limit-value", "8",
+            "--duration", "20s", "--json",
+        ]
+    )  # fmt: skip
+    assert code == 0, output
+    data = json.loads(output)
+    assert data["settings"]["workers_to"] == 4
+    assert data["settings"]["change_to_s"] == 0.1  # the service time is kept
+    before, after = data["steps"]
+    assert before["capacity_rps"] == 80.0 and after["capacity_rps"] == 40.0
+    # 60 req/s fit 8 workers; after half are gone only 40 can be served
+    assert before["goodput_rps"] > 55
+    assert 30 < after["goodput_rps"] <= 41
+
+
 def test_capacity_change_json_has_before_and_after() -> None:
     code, output = _run(
         ["simulate", "capacity-change", "--limit", "aimd", "--duration", "20s", "--json"]
@@ -87,6 +106,7 @@ def test_fleet_runs_and_prints_a_table() -> None:
         (["simulate", "capacity-change", "--rate", "0"], "--rate"),
         (["simulate", "capacity-change", "--change-at", "10m"], "--change-at"),
         (["simulate", "capacity-change", "--discipline", "random"], "--discipline"),
+        (["simulate", "capacity-change", "--workers-to", "0"], "--workers-to"),
         (["simulate", "fleet", "--replicas", "0"], "--replicas"),
         (["simulate", "fleet", "--balancer", "sticky"], "--balancer"),
         (["simulate", "fleet", "--slow-fraction", "2"], "--slow-fraction"),

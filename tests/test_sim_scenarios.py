@@ -15,6 +15,7 @@ from loadshed.sim.clients import ClientConfig, ClosedLoop, OpenLoop, SemiOpen
 from loadshed.sim.engine import Engine
 from loadshed.sim.fleet import LeastOutstanding, RoundRobin, make_balancer
 from loadshed.sim.metrics import Phase, Recorder
+from loadshed.sim.origin import Origin
 from loadshed.sim.request import Request
 from loadshed.sim.scenarios import (
     LimiterConfig,
@@ -296,3 +297,26 @@ def test_every_queue_discipline_runs_to_the_end(discipline: str) -> None:
     assert before["goodput_ratio"] > 0.9
     assert after["goodput_rps"] > 0
     assert result["settings"]["discipline"] == discipline
+
+
+def test_origin_workers_can_shrink_and_grow_mid_run() -> None:
+    engine = Engine()
+    done: list[float] = []
+    origin = Origin(
+        engine,
+        2,
+        ServiceModel(ConstantTime(1.0), random.Random(1)),
+        lambda request, ok: done.append(engine.clock.now()),
+    )
+    for _ in range(6):
+        origin.start(Request(0.0, 100.0, None, 0))
+    assert origin.busy == 2 and origin.queue_length == 4
+    # one worker goes at 0.5: it finishes its request first, then takes no more
+    engine.at(0.5, origin.set_workers, 1)
+    # three workers at 2.5: the queue is taken at once
+    engine.at(2.5, origin.set_workers, 3)
+    engine.run(10.0)
+    assert done == [1.0, 1.0, 2.0, 3.0, 3.5, 3.5]
+    assert origin.busy == 0 and origin.idle == 3
+    with pytest.raises(ConfigError, match="workers"):
+        origin.set_workers(0)

@@ -278,9 +278,18 @@ def paradox(**options: Any) -> None:
 @limiter_options
 @service_options(workers=7, service_time="1s", dist="constant")
 @click.option(
-    "--change-to", type=DURATION, default="2s", show_default=True, help="New mean service time."
+    "--change-to",
+    type=DURATION,
+    default=None,
+    help="New mean service time [default: 2s; --service-time with --workers-to].",
 )
 @click.option("--change-at", type=DURATION, default=None, help="When [default: mid-run].")
+@click.option(
+    "--workers-to",
+    type=int,
+    default=None,
+    help="New worker count at the change (workers lost or added) [default: unchanged].",
+)
 @click.option("--rate", type=float, default=5.0, show_default=True, help="Requests per second.")
 @click.option("--arrivals", type=click.Choice(ARRIVAL_KINDS), default="constant", show_default=True)
 @click.option(
@@ -311,12 +320,16 @@ def capacity_change(**options: Any) -> None:
     """E2: a steady rate while the model slows down mid-run (capacity 7 -> 3.5 req/s)."""
     as_json = options.pop("as_json")
     limiter = _limiter(options)
+    change_to = options["change_to"]
+    if change_to is None:
+        change_to = options["service_time"] if options["workers_to"] is not None else 2.0
     result = run_capacity_change(
         limiter=limiter,
         workers=options["workers"],
         service_time=options["service_time"],
-        change_to=options["change_to"],
+        change_to=change_to,
         change_at=options["change_at"],
+        workers_to=options["workers_to"],
         dist=options["service_dist"],
         sigma=options["sigma"],
         rate=options["rate"],

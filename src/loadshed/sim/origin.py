@@ -25,9 +25,9 @@ class Origin:
     __slots__ = (
         "_engine",
         "_queue",
+        "busy",
         "busy_seconds",
         "completed",
-        "idle",
         "max_queue",
         "on_done",
         "rejected",
@@ -52,7 +52,8 @@ class Origin:
         self._engine = engine
         self._queue: deque[Request] = deque()
         self.workers = workers
-        self.idle = workers
+        self.busy = 0
+        """Workers running a request (may exceed ``workers`` right after they shrink)."""
         self.max_queue = max_queue
         self.service = service
         self.on_done = on_done
@@ -67,10 +68,29 @@ class Origin:
         """Requests waiting for a worker."""
         return len(self._queue)
 
+    @property
+    def idle(self) -> int:
+        """Workers free to take a request now."""
+        return max(0, self.workers - self.busy)
+
+    def set_workers(self, workers: int) -> None:
+        """Change the worker count now (workers lost or added mid-run).
+
+        Added workers take queued requests at once; a removed worker finishes the
+        request it holds first (as a process told to stop after its current job).
+        """
+        if workers < 1:
+            raise ConfigError("workers", f"must be >= 1, got {workers}")
+        self.workers = workers
+        queue = self._queue
+        while queue and self.busy < workers:
+            self.busy += 1
+            self._run(queue.popleft())
+
     def start(self, request: Request) -> None:
         """Take a request: run it on an idle worker, queue it, or answer 503."""
-        if self.idle > 0:
-            self.idle -= 1
+        if self.busy < self.workers:
+            self.busy += 1
             self._run(request)
         elif self.max_queue is not None and len(self._queue) >= self.max_queue:
             self.rejected += 1
@@ -89,10 +109,10 @@ class Origin:
 
     def _finish(self, request: Request) -> None:
         self.completed += 1
-        if self._queue:
+        if self._queue and self.busy <= self.workers:
             self._run(self._queue.popleft())
         else:
-            self.idle += 1
+            self.busy -= 1
         self.on_done(request, True)
 
     def _reject(self, request: Request) -> None:

@@ -245,6 +245,7 @@ def run_capacity_change(
     service_time: float = 1.0,
     change_to: float = 2.0,
     change_at: float | None = None,
+    workers_to: int | None = None,
     dist: str = "constant",
     sigma: float = 0.5,
     rate: float = 5.0,
@@ -260,16 +261,21 @@ def run_capacity_change(
 ) -> dict[str, Any]:
     """E2: a steady rate against one replica whose service time changes mid-run.
 
-    ``client_workers`` caps outstanding requests like E2's Go client (0: pure open
-    loop). Steps are the phase before the change and the phase after it; goodput
-    ratio is goodput / min(capacity, rate); ``converge_s`` is the time from the change
-    until the limit stays within ±10 % (at least ±1) of where it ends up.
+    ``workers_to`` also changes the worker count at the same moment (workers lost or
+    added: the case where a hand-set limit is wrong); ``change_to`` equal to
+    ``service_time`` keeps the service time. ``client_workers`` caps outstanding
+    requests like E2's Go client (0: pure open loop). Steps are the phase before the
+    change and the phase after it; goodput ratio is goodput / min(capacity, rate);
+    ``converge_s`` is the time from the change until the limit stays within ±10 %
+    (at least ±1) of where it ends up.
     """
     _check_positive("duration", duration)
     if workers < 1:
         raise ConfigError("workers", f"must be >= 1, got {workers}")
     if client_workers < 0:
         raise ConfigError("client_workers", f"must be >= 0 (0: open loop), got {client_workers}")
+    if workers_to is not None and workers_to < 1:
+        raise ConfigError("workers_to", f"must be >= 1, got {workers_to}")
     change = duration / 2 if change_at is None else change_at
     if not 0 < change < duration:
         raise ConfigError("change_at", f"must be within (0, {duration:g}) seconds, got {change:g}")
@@ -286,6 +292,8 @@ def run_capacity_change(
         one_way=config.one_way,
         origin_queue=origin_queue,
     )
+    if workers_to is not None:
+        engine.at(change, replica.origin.set_workers, workers_to)
     recorder = Recorder([Phase("before", 0.0, change), Phase("after", change, duration)])
     client_rng = _seeded(seed, 1)
     if client_workers:
@@ -311,7 +319,7 @@ def run_capacity_change(
         )
     engine.run(duration)
     capacity_before = workers / service_time
-    capacity_after = workers / change_to
+    capacity_after = (workers if workers_to is None else workers_to) / change_to
     steps = [
         {
             "phase": "before",
@@ -333,6 +341,7 @@ def run_capacity_change(
         "seed": seed,
         "settings": {
             "workers": workers,
+            "workers_to": workers_to,
             "service": dist,
             "service_time_s": service_time,
             "change_to_s": change_to,

@@ -1,0 +1,326 @@
+"""The robustness matrix: every limit algorithm against the best hand-set limit found
+in hindsight, on the traffic model endpoints really see. The regression gate for
+every change to a limit algorithm.
+
+    .venv/bin/python bench/robustness.py --out bench/results/robustness.md   # < 15 min, 2 cores
+    .venv/bin/python bench/robustness.py --quick                             # ~2 min subset
+
+Each *cell* is one server and one traffic pattern, in the simulator (virtual time,
+seeded: the same arguments print the same numbers):
+
+- workers 1, 2, 4, 8, 16, 32, 64; mean service time 20 ms to 1 s;
+- service constant, exponential, log-normal sigma 0.5 and 1.0;
+- arrivals Poisson or bursts (open loop), or closed-loop clients that retry at once;
+- offered load 1.2x, 2x or 4x capacity (closed loop: clients = load x workers);
+- client timeout 2 to 10 mean service times, sent as a deadline or not;
+- steady, work time doubling or halving mid-run, half the workers gone or twice
+  the workers (open loop only).
+
+The origin queues without bound behind the limiter (a process pool, a model server):
+every request a limit admits past the workers waits there, out of the limiter's reach.
+
+Score: goodput (successes within the client's timeout) over the whole run, as a share
+of capacity (per phase: min(capacity, offered rate)), mean over ``--seeds`` seeds.
+The **oracle** of a cell is the best ``fixed:N`` for the whole run, N swept over 1 ..
+2 x workers (every N up to 8 workers, a grid around the worker count beyond); each
+algorithm is reported as its score over the oracle's. The cells are drawn from the
+full product with a seeded generator (``--cells``, ``--sample-seed``), always
+including a fixed core of hard cases; ``--quick`` runs a small subset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from loadshed.sim.scenarios import (
+    LimiterConfig,
+    ServiceConfig,
+    run_capacity_change,
+    run_paradox,
+)
+
+ALGORITHMS = ("none", "aimd", "vegas", "gradient2", "gradient", "little")
+WORKERS = (1, 2, 4, 8, 16, 32, 64)
+SERVICES = (("constant", 0.0), ("exponential", 0.0), ("lognormal", 0.5), ("lognormal", 1.0))
+ARRIVALS = ("poisson", "bursts", "closed")
+LOADS = (1.2, 2.0, 4.0)
+TIMEOUTS = (2.0, 3.0, 5.0, 10.0)  # mean service times
+CHANGES = ("steady", "slower", "faster", "fewer", "more")
+MEAN_SERVICE = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One server and one traffic pattern."""
+
+    workers: int
+    service: str
+    sigma: float
+    service_time: float
+    arrivals: str  # poisson | bursts | closed
+    load: float
+    timeout: float  # in mean service times
+    change: str
+    deadlines: bool
+
+    @property
+    def label(self) -> str:
+        shape = self.service if self.service != "lognormal" else f"lognormal{self.sigma:g}"
+        return (
+            f"w{self.workers} {shape} {self.service_time * 1000:g}ms {self.arrivals} "
+            f"{self.load:g}x t{self.timeout:g} {self.change} "
+            f"{'deadline' if self.deadlines else 'no-deadline'}"
+        )
+
+    @property
+    def duration(self) -> float:
+        """Long enough for a few hundred service times and a few thousand requests."""
+        requests = 4000 / self.load
+        by_requests = requests * self.service_time / self.workers
+        return min(max(60 * self.service_time * 4, by_requests, 20.0), 600 * self.service_time)
+
+    def fixed_grid(self) -> list[int]:
+        """The hand-set limits to sweep for the oracle: 1 .. 2 x workers."""
+        top = 2 * max(self.workers, 1)
+        if self.change == "more":
+            top = 2 * top  # the workers double mid-run
+        if top <= 16:
+            return list(range(1, top + 1))
+        w = self.workers
+        points = {1, w // 2, w - 2, w - 1, w, w + 1, w + 2, top}
+        points |= {round(w * f) for f in (0.625, 0.75, 0.875, 1.125, 1.25, 1.5, 1.75)}
+        if self.change == "more":
+            points |= {2 * w - 1, 2 * w, 2 * w + 2, round(2.5 * w), 3 * w}
+        if self.change == "fewer":
+            points |= {w // 2 + 1, round(0.625 * w)}
+        return sorted(p for p in points if 1 <= p <= top)
+
+
+def _core_cells() -> list[Cell]:
+    """The hard cases every run includes (from issues 12 and 18)."""
+    return [
+        Cell(32, "exponential", 0.0, 0.2, "poisson", 1.5, 3.0, "steady", True),
+        Cell(32, "lognormal", 1.0, 0.2, "poisson", 1.5, 3.0, "slower", True),
+        Cell(16, "exponential", 0.0, 0.05, "poisson", 1.5, 3.0, "steady", True),
+        Cell(1, "exponential", 0.0, 0.2, "poisson", 1.5, 3.0, "steady", True),
+        Cell(16, "constant", 0.0, 0.05, "poisson", 1.5, 3.0, "steady", True),
+        Cell(1, "lognormal", 0.1, 0.05, "closed", 16.0, 4.0, "steady", False),
+        Cell(8, "exponential", 0.0, 0.1, "poisson", 2.0, 3.0, "fewer", True),
+        Cell(8, "exponential", 0.0, 0.1, "poisson", 2.0, 3.0, "more", False),
+    ]
+
+
+def draw_cells(count: int, seed: int) -> list[Cell]:
+    """``count`` cells drawn from the full product (plus the core), seeded."""
+    rng = random.Random(seed)
+    cells = _core_cells()
+    seen = set(cells)
+    while len(cells) < count:
+        service, sigma = rng.choice(SERVICES)
+        arrivals = rng.choice(ARRIVALS)
+        cell = Cell(
+            workers=rng.choice(WORKERS),
+            service=service,
+            sigma=sigma,
+            service_time=rng.choice(MEAN_SERVICE),
+            arrivals=arrivals,
+            load=rng.choice(LOADS),
+            timeout=rng.choice(TIMEOUTS),
+            change="steady" if arrivals == "closed" else rng.choice(CHANGES),
+            deadlines=rng.random() < 0.5,
+        )
+        if cell not in seen:
+            seen.add(cell)
+            cells.append(cell)
+    return cells
+
+
+def score(cell: Cell, limit: str, seed: int) -> float:
+    """Goodput over the whole run as a share of what could be served, one seed."""
+    name, _, value = limit.partition(":")
+    limiter = LimiterConfig(name, limit_value=int(value) if value else None)
+    s = cell.service_time
+    if cell.arrivals == "closed":
+        clients = max(1, round(cell.load * cell.workers))
+        result = run_paradox(
+            limiter=limiter,
+            clients=(clients,),
+            workers=cell.workers,
+            service=ServiceConfig(s, cell.service, cell.sigma or 0.5),
+            timeout=cell.timeout * s,
+            send_deadline=cell.deadlines,
+            duration=cell.duration,
+            origin_queue=None,
+            seed=seed,
+        )
+        return float(result["steps"][0]["goodput_ratio"])
+    change_to, workers_to = s, None
+    if cell.change == "slower":
+        change_to = 2 * s
+    elif cell.change == "faster":
+        change_to = s / 2
+    elif cell.change == "fewer":
+        workers_to = max(1, cell.workers // 2)
+    elif cell.change == "more":
+        workers_to = 2 * cell.workers
+    rate = cell.load * cell.workers / s
+    result = run_capacity_change(
+        limiter=limiter,
+        workers=cell.workers,
+        service_time=s,
+        change_to=change_to,
+        workers_to=workers_to,
+        dist=cell.service,
+        sigma=cell.sigma or 0.5,
+        rate=rate,
+        arrivals=cell.arrivals,
+        burst_size=max(2, cell.workers),
+        client_workers=0,
+        timeout=cell.timeout * s,
+        send_deadline=cell.deadlines,
+        origin_queue=None,
+        duration=cell.duration,
+        seed=seed,
+    )
+    served = achievable = 0.0
+    half = cell.duration / 2
+    for step in result["steps"]:
+        served += step["goodput_rps"] * half
+        achievable += min(step["capacity_rps"], rate) * half
+    return served / achievable
+
+
+def _job(job: tuple[int, Cell, str, int]) -> tuple[int, str, int, float]:
+    index, cell, limit, seed = job
+    return index, limit, seed, score(cell, limit, seed)
+
+
+def run(
+    cells: list[Cell], algorithms: tuple[str, ...], seeds: int, jobs: int
+) -> list[dict[str, Any]]:
+    """Every algorithm and the fixed grid on every cell; one dict per cell."""
+    work = []
+    for index, cell in enumerate(cells):
+        limits = list(algorithms) + [f"fixed:{n}" for n in cell.fixed_grid()]
+        work += [(index, cell, limit, seed) for limit in limits for seed in range(1, seeds + 1)]
+    # The biggest cells first, so that the pool does not end on one long job.
+    work.sort(key=lambda j: -j[1].workers * j[1].load * j[1].duration / j[1].service_time)
+    scores: dict[tuple[int, str], list[float]] = {}
+    done = 0
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for index, limit, _seed, value in pool.map(_job, work, chunksize=1):
+            scores.setdefault((index, limit), []).append(value)
+            done += 1
+            if done % 200 == 0:
+                print(
+                    f"  {done}/{len(work)} runs, {time.perf_counter() - started:.0f} s",
+                    file=sys.stderr,
+                )
+    rows = []
+    for index, cell in enumerate(cells):
+        fixed = {n: statistics.fmean(scores[(index, f"fixed:{n}")]) for n in cell.fixed_grid()}
+        best_n = max(fixed, key=lambda n: (fixed[n], -abs(n - cell.workers)))
+        oracle = fixed[best_n]
+        algos = {a: statistics.fmean(scores[(index, a)]) for a in algorithms}
+        rows.append(
+            {
+                "cell": asdict(cell),
+                "label": cell.label,
+                "oracle_n": best_n,
+                "oracle": round(oracle, 4),
+                "fixed_workers": round(fixed.get(cell.workers, float("nan")), 4),
+                "goodput": {a: round(v, 4) for a, v in algos.items()},
+                "vs_oracle": {
+                    a: round(v / oracle, 4) if oracle > 0 else None for a, v in algos.items()
+                },
+            }
+        )
+    return rows
+
+
+def summary(rows: list[dict[str, Any]], algorithms: tuple[str, ...]) -> list[str]:
+    """One line per algorithm: min, median, cells below 0.95 of the oracle, beaten by."""
+    lines = []
+    for a in algorithms:
+        ratios = [r["vs_oracle"][a] for r in rows if r["vs_oracle"][a] is not None]
+        below = sum(1 for x in ratios if x < 0.95)
+        lines.append(
+            f"{a:>10}: min {min(ratios):.3f}, median {statistics.median(ratios):.3f}, "
+            f"below 0.95 in {below}/{len(ratios)} cells"
+        )
+    return lines
+
+
+def markdown(rows: list[dict[str, Any]], algorithms: tuple[str, ...], command: str) -> str:
+    """The table (score over the oracle's) and the summary lines."""
+    out = [
+        "# Robustness matrix",
+        "",
+        f"`{command}`",
+        "",
+        "Goodput as a share of the oracle's (the best `fixed:N` in hindsight) per cell;",
+        "`oracle` is that best goodput as a share of capacity.",
+        "",
+        "```",
+        *summary(rows, algorithms),
+        "```",
+        "",
+        "| cell | oracle N | oracle | " + " | ".join(algorithms) + " |",
+        "| --- | ---: | ---: | " + " | ".join("---:" for _ in algorithms) + " |",
+    ]
+    for r in rows:
+        cells = []
+        for a in algorithms:
+            v = r["vs_oracle"][a]
+            text = "" if v is None else f"{v:.2f}"
+            cells.append(f"**{text}**" if v is not None and v < 0.95 else text)
+        out.append(
+            f"| {r['label']} | {r['oracle_n']} | {r['oracle']:.2f} | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", type=int, default=40, help="cells to draw (core included)")
+    parser.add_argument("--sample-seed", type=int, default=12)
+    parser.add_argument("--seeds", type=int, default=2, help="seeds per cell and limit")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    parser.add_argument("--quick", action="store_true", help="the core cells only, one seed")
+    parser.add_argument("--out", help="markdown file (a .json beside it)")
+    args = parser.parse_args()
+    algorithms = tuple(a for a in args.algorithms.split(",") if a)
+    unknown = [a for a in algorithms if a not in ALGORITHMS]
+    if unknown:
+        parser.error(f"--algorithms: unknown {unknown}, allowed: {','.join(ALGORITHMS)}")
+    if args.cells < 1 or args.seeds < 1 or args.jobs < 1:
+        parser.error("--cells, --seeds and --jobs must be >= 1")
+    cells = _core_cells() if args.quick else draw_cells(args.cells, args.sample_seed)
+    seeds = 1 if args.quick else args.seeds
+    started = time.perf_counter()
+    rows = run(cells, algorithms, seeds, args.jobs)
+    command = "python bench/robustness.py " + " ".join(sys.argv[1:])
+    text = markdown(rows, algorithms, command.strip())
+    print(text)
+    print(f"wall {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        json_path = args.out.rsplit(".", 1)[0] + ".json"
+        with open(json_path, "w") as f:
+            json.dump({"command": command, "seeds": seeds, "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
