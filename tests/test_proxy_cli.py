@@ -94,17 +94,48 @@ def test_cli_proxies_and_serves_metrics_per_upstream() -> None:
     assert time.monotonic() > 0
 
 
+def _run_proxy_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "loadshed.cli", "proxy", "--upstream", "http://127.0.0.1:9", *args],
+        capture_output=True,
+        text=True,
+        timeout=20,
+        check=False,
+    )
+
+
 def test_taken_port_is_one_line_error() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "loadshed.cli", "proxy", "--upstream", "http://127.0.0.1:9",
-             "--listen", f"127.0.0.1:{port}"],
-            capture_output=True, text=True, timeout=20,
-        )  # fmt: skip
-    assert result.returncode == 1
+        result = _run_proxy_cli("--listen", f"127.0.0.1:{port}")
+    assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         f"Error: --listen: cannot listen on 127.0.0.1:{port}: Address already in use"
     ]
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "reason"),
+    [
+        # the metrics listener on the proxy's own port
+        (["--listen", "127.0.0.1:{port}", "--metrics-port", "{port}"], "--metrics-port", "in use"),
+        (["--listen", "127.0.0.1:0", "--metrics-host", "999.1.1.1", "--metrics-port", "0"],
+         "--metrics-host", "not an address of this machine"),
+        (["--listen", "127.0.0.1:0", "--metrics-host", "192.0.2.1", "--metrics-port", "0"],
+         "--metrics-host", "Cannot assign requested address"),
+        (["--listen", "999.1.1.1:0"], "--listen", "not an address of this machine"),
+        (["--listen", "192.0.2.1:0"], "--listen", "Cannot assign requested address"),
+    ],
+)  # fmt: skip
+def test_bind_errors_are_one_line_naming_the_listener_flag(
+    args: list[str], flag: str, reason: str
+) -> None:
+    port = free_port()
+    result = _run_proxy_cli(*(arg.format(port=port) for arg in args))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"Error: {flag}: cannot listen on "), lines[0]
+    assert reason in lines[0]

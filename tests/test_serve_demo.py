@@ -204,7 +204,22 @@ def test_port_in_use_is_a_clear_error() -> None:
         port = taken.getsockname()[1]
         result = run_cli("serve-demo", "--port", str(port))
     assert result.returncode == 2
-    assert f"cannot bind 127.0.0.1:{port}" in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Error: --port: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("host", "reason"),
+    [("999.1.1.1", "not an address of this machine"), ("192.0.2.1", "Cannot assign")],
+)
+def test_bad_host_is_one_line_naming_host(host: str, reason: str) -> None:
+    result = run_cli("serve-demo", "--host", host, "--port", "0")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"Error: --host: cannot listen on {host}:0: ")
+    assert reason in lines[0]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

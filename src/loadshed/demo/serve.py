@@ -158,18 +158,12 @@ def hashburn_pool_app(service_time: float = 0.5, workers: int = 1) -> Any:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        raise click.BadParameter(f"cannot bind {host}:{port}: {error.strerror}") from None
-    # Listen now, so a client that connects as soon as the URL is printed waits in the
-    # backlog instead of being refused while uvicorn starts.
-    sock.listen(2048)
-    return sock
+    """Bind and listen now: a taken port or a bad address is one line naming ``--port`` or
+    ``--host`` (exit 2), and a client that connects as soon as the URL is printed waits in
+    the backlog instead of being refused while uvicorn starts."""
+    from loadshed.proxy.listen import bind_listener
+
+    return bind_listener(host, port, host_flag="--host", port_flag="--port")
 
 
 @click.command("serve-demo")
@@ -240,7 +234,10 @@ def serve_demo(
         raise click.UsageError(str(error)) from None
     import uvicorn
 
-    sock = _bind(host, port)
+    try:
+        sock = _bind(host, port)
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from None
     bound_host, bound_port = sock.getsockname()[:2]
     shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
     paths = {"hashburn": "/calculate?input=hello", "digits": "/predict", "origin": "/work"}

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import sys
 from collections.abc import Coroutine
 from typing import Any
 
@@ -25,10 +24,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from loadshed.clickutil import OneLineCommand
 from loadshed.proxy.app import ProxyApp, create_proxy
 from loadshed.proxy.config import ProxyConfig, parse_listen, parse_upstream
+from loadshed.proxy.listen import bind_listener
 from loadshed.proxy.security import bounded_protocol
 from loadshed.units import DURATION
 
 __all__ = ["proxy", "server_config"]
+
+_BACKLOG = 4096
 
 
 def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Config:
@@ -43,7 +45,7 @@ def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Co
         "date_header": False,
         "access_log": False,
         "log_level": "warning",
-        "backlog": 4096,
+        "backlog": _BACKLOG,
         # The peer address is what X-Forwarded-For gets; never let a client's own
         # X-Forwarded-For replace it (uvicorn trusts it from 127.0.0.1 by default).
         "proxy_headers": False,
@@ -52,7 +54,7 @@ def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Co
     return uvicorn.Config(app, **options)
 
 
-async def _serve_metrics(proxy: ProxyApp, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def _serve_metrics(proxy: ProxyApp, sock: socket.socket) -> web.AppRunner:
     registry = proxy.metrics.registry
 
     async def metrics(request: web.Request) -> web.Response:
@@ -74,35 +76,19 @@ async def _serve_metrics(proxy: ProxyApp, host: str, port: int) -> tuple[web.App
     app.router.add_get("/health", health)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    bound = runner.addresses[0][1] if runner.addresses else port
-    return runner, int(bound)
+    await web.SockSite(runner, sock).start()
+    return runner
 
 
-def _listen_socket(host: str, port: int) -> socket.socket:
-    """Bind the proxy's socket here, so a taken port is one clear error, not uvicorn's exit."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.set_inheritable(True)
-    return sock
-
-
-async def _run(config: ProxyConfig, sock: socket.socket) -> None:
+async def _run(
+    config: ProxyConfig, sock: socket.socket, metrics_sock: socket.socket | None
+) -> None:
     app, proxy = create_proxy(config)
     server = uvicorn.Server(server_config(app, config))
     metrics_runner: web.AppRunner | None = None
     try:
-        if config.metrics_port is not None:
-            metrics_runner, metrics_port = await _serve_metrics(
-                proxy, config.metrics_host, config.metrics_port
-            )
+        if metrics_sock is not None:
+            metrics_runner = await _serve_metrics(proxy, metrics_sock)
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not serving.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.02)
@@ -113,7 +99,8 @@ async def _run(config: ProxyConfig, sock: socket.socket) -> None:
         upstreams = ", ".join(str(u) for u in config.upstreams)
         host = f"[{config.host}]" if ":" in config.host else config.host
         line = f"loadshed proxy on http://{host}:{port} -> {upstreams} (limit {config.limit})"
-        if metrics_runner is not None:
+        if metrics_sock is not None:
+            metrics_port = metrics_sock.getsockname()[1]
             line += f"; metrics on http://{config.metrics_host}:{metrics_port}/metrics"
         click.echo(line, err=True)
         await serving
@@ -258,22 +245,28 @@ def proxy(**values: Any) -> None:  # fmt: skip
     queued briefly or refused at once with 503 + Retry-After.
     """
     values["reject_status"] = int(values["reject_status"])
-    listen = values["listen"]
     config = _to_config(**values)
+    # Bind every listener before serving: a taken port or a bad address is a
+    # ListenError (a ConfigError naming the flag: one line, exit 2).
+    sock = bind_listener(
+        config.host, config.port, host_flag="--listen", port_flag="--listen", backlog=_BACKLOG
+    )
+    metrics_sock: socket.socket | None = None
     try:
-        sock = _listen_socket(config.host, config.port)
-    except OSError as exc:
-        click.echo(f"Error: --listen: cannot listen on {listen}: {exc.strerror}", err=True)
-        sys.exit(1)
-    try:
-        _run_loop(_run(config, sock))
+        if config.metrics_port is not None:
+            metrics_sock = bind_listener(
+                config.metrics_host,
+                config.metrics_port,
+                host_flag="--metrics-host",
+                port_flag="--metrics-port",
+            )
+        _run_loop(_run(config, sock, metrics_sock))
     except KeyboardInterrupt:
         pass
-    except OSError as exc:  # the metrics port is taken
-        click.echo(f"Error: --metrics-port: {exc.strerror or exc}", err=True)
-        sys.exit(1)
     finally:
         sock.close()
+        if metrics_sock is not None:
+            metrics_sock.close()
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:
