@@ -114,6 +114,39 @@ async def test_hop_by_hop_headers_stripped_and_forwarding_headers_added() -> Non
     assert got["x-forwarded-host"] == [url.removeprefix("http://")]
 
 
+def test_proxy_headers_are_stripped_both_ways() -> None:
+    """Every ``Proxy-*`` header (and httpoxy's bare ``Proxy``) belongs to one hop."""
+    recorder = Recorder()
+    upstream_extra = [
+        (b"proxy-authenticate", b"Basic realm=upstream"),
+        (b"proxy-status", b"cache; error=http_request_error"),
+        (b"proxy-x-internal", b"upstream-secret"),
+        (b"proxy", b"http://upstream-internal:3128"),
+        (b"proxyish", b"kept"),  # not Proxy-*: an ordinary header
+    ]
+    with (
+        serve_asgi(echo_app(recorder, extra=upstream_extra)) as upstream,
+        run_proxy(upstream) as (url, _),
+    ):
+        answer = raw_request(
+            url,
+            b"GET /h HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Proxy-Authorization: Basic c2VjcmV0\r\n"
+            b"Proxy-Connection: keep-alive\r\n"
+            b"Proxy-Custom: client-secret\r\n"
+            b"Proxy: http://evil.example:3128\r\n"
+            b"Proxyish: kept\r\n\r\n",
+        )
+    head, _, _ = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), answer
+    response_names = {line.split(b":")[0].lower() for line in head.split(b"\r\n")[1:]}
+    assert not {n for n in response_names if n == b"proxy" or n.startswith(b"proxy-")}, head
+    assert b"proxyish" in response_names
+    sent = _headers(recorder.requests[0])
+    assert not {n for n in sent if n == "proxy" or n.startswith("proxy-")}, sent
+    assert sent["proxyish"] == ["kept"]
+
+
 @pytest.mark.parametrize("status", [429, 503])
 async def test_upstream_overload_answers_are_drops_and_retry_after_passes(status: int) -> None:
     recorder = Recorder()

@@ -2,7 +2,10 @@
 
 Hop-by-hop headers (RFC 9110 section 7.6.1: ``Connection`` and every header it
 names, ``Keep-Alive``, ``Proxy-*``, ``TE``, ``Trailer``, ``Transfer-Encoding``,
-``Upgrade``) describe one connection and are never forwarded either way. ``Host``
+``Upgrade``) describe one connection and are never forwarded either way. Every
+``Proxy-*`` header is stripped, not only the three RFC 9110 names (a client's
+``Proxy-*`` is for this proxy, an upstream's for its own side), and so is a bare
+``Proxy`` (httpoxy: CGI-style servers turn it into ``HTTP_PROXY``). ``Host``
 is the upstream's; the client's goes on in ``X-Forwarded-Host``. The client's
 address is appended to ``X-Forwarded-For`` and ``Forwarded``. The client's own
 deadline header is replaced by the time it has left (``X-Request-Timeout``).
@@ -13,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["HOP_BY_HOP", "request_headers", "response_headers"]
+__all__ = ["HOP_BY_HOP", "is_proxy_header", "request_headers", "response_headers"]
 
 HOP_BY_HOP = frozenset(
     {
@@ -28,7 +31,14 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-"""Header names (lower case) that belong to one connection and are never forwarded."""
+"""Header names (lower case) that belong to one connection and are never forwarded
+(besides every ``Proxy-*`` name: :func:`is_proxy_header`)."""
+
+
+def is_proxy_header(lower: bytes) -> bool:
+    """True for ``proxy`` and ``proxy-*`` (a lower-case name): never forwarded."""
+    return lower[:5] == b"proxy" and (len(lower) == 5 or lower[5:6] == b"-")
+
 
 # Set by the proxy: the upstream's Host, the remaining deadline, X-Forwarded-Host/Proto.
 _REPLACED = frozenset(
@@ -74,7 +84,7 @@ def request_headers(
         lower = name.lower()
         if lower == b"host":
             original_host = value.decode("latin-1")
-        if lower in dropped:
+        if lower in dropped or is_proxy_header(lower):
             continue
         if lower == b"x-forwarded-for":
             forwarded_for = value.decode("latin-1")
@@ -110,4 +120,9 @@ def request_headers(
 def response_headers(raw: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     """The upstream's response headers without hop-by-hop ones (Retry-After kept)."""
     dropped = HOP_BY_HOP | _connection_tokens(raw)
-    return [(name.lower(), value) for name, value in raw if name.lower() not in dropped]
+    kept = []
+    for name, value in raw:
+        lower = name.lower()
+        if lower not in dropped and not is_proxy_header(lower):
+            kept.append((lower, value))
+    return kept
