@@ -550,21 +550,6 @@ def test_envoy_jitter_depends_on_the_seed_only() -> None:
     assert probe_time(4) != probe_time(5)
 
 
-def test_envoy_probe_disregards_requests_admitted_before_it() -> None:
-    envoy = Gradient.published()
-    clocked = Clocked(envoy)
-    clocked.send(0.1)  # the first sample opens the start-up probe's epoch
-    start = clocked.now - 0.1
-    for _ in range(100):  # admitted long before the probe: ignored
-        clocked.now += 0.01
-        envoy.update(
-            Sample(rtt=clocked.now - start + 1.0, inflight=50, dropped=False, now=clocked.now)
-        )
-    assert envoy.probing
-    assert clocked.until(lambda: not envoy.probing, 0.1) == 49
-    assert envoy.min_rtt == 0.1
-
-
 def test_envoy_five_intervals_at_the_minimum_trigger_a_re_measure() -> None:
     envoy = Gradient.published()
     clocked = measured(envoy)

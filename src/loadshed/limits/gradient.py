@@ -12,7 +12,21 @@ the clock, so intervals close on the first sample after their end):
   random jitter of up to ``probe_jitter`` of it: the limit is pinned to
   ``probe_limit`` until ``probe_requests`` latencies of requests started during the
   probe are gathered; their percentile is the new ``min_rtt`` and the limit is
-  restored. Five consecutive intervals at ``min_limit`` trigger a re-measure at once.
+  restored. Five consecutive intervals that set the limit to ``min_limit`` (from
+  ``min_limit``) trigger a re-measure at once.
+
+Three details follow Envoy's ``gradient_controller.cc``:
+
+- a measurement opens an epoch: the latency of a request admitted before the current
+  measurement started never counts, neither during the measurement nor in the
+  intervals after it (Envoy drops samples sent before ``min_rtt_epoch_``); with
+  ``drop_backoff``, its drop still backs off the limit that admitted it;
+- an interval without a latency (and, with ``drop_backoff``, without a drop) leaves
+  the limit alone and neither adds to nor resets the count of intervals at the
+  minimum (Envoy returns early on an empty histogram);
+- the start-up measurement is open from the start: every request admitted since the
+  algorithm was built counts (Envoy sets the epoch in the constructor), not only
+  those admitted after the first request we hear of.
 """
 
 from __future__ import annotations
@@ -151,7 +165,14 @@ class Gradient(LimitAlgorithm):
         self._passive_rtts: deque[float] = deque(maxlen=probe_requests)
         # Min-RTT probe: starts pinned at construction, as Envoy's controller does.
         self._probing = True
-        self._probe_start: float | None = None  # set by the first sample
+        # Latencies of requests admitted before the epoch (the start of the latest
+        # measurement) never count. None: the start-up measurement, which every request
+        # the algorithm hears of was admitted during.
+        self._epoch: float | None = None
+        # When the current probe started, for probe_timeout. The start-up probe started
+        # when the algorithm was built, which no sample carries (algorithms read no
+        # clock): its age counts from the earliest admission the samples show.
+        self._probe_start: float | None = None
         self._probe_rtts: list[float] = []
         self._deferred_limit = initial_limit
         self._probe_backoff_at: float | None = None
@@ -209,11 +230,8 @@ class Gradient(LimitAlgorithm):
 
     def update(self, sample: Sample) -> int:
         now = sample.now
-        rtt = sample.rtt
-        has_latency = math.isfinite(rtt) and rtt > 0
-        use_latency = has_latency and not (sample.dropped and self.drop_backoff is not None)
         if self._probing:
-            self._probe_step(sample, now, rtt if use_latency else None)
+            self._probe_step(sample, now)
             return self._limit
         if self._next_probe_at is not None and now >= self._next_probe_at:
             if len(self._passive_rtts) >= self.probe_requests:
@@ -223,26 +241,45 @@ class Gradient(LimitAlgorithm):
                 self._schedule_probe(now)
             else:
                 self._enter_probe(now)
-                self._probe_step(sample, now, rtt if use_latency else None)
+                self._probe_step(sample, now)
                 return self._limit
         if self._interval_start is None:
             self._interval_start = now
         elif now - self._interval_start >= self.interval_length:
             self._close_interval(now)
             if self._probing:  # the interval triggered a re-measure
-                self._probe_step(sample, now, rtt if use_latency else None)
+                self._probe_step(sample, now)
                 return self._limit
-        if use_latency:
+        rtt = self._latency(sample)
+        if rtt is not None:
             self._interval_rtts.append(rtt)
             if self.passive_probe and sample.inflight <= self.probe_limit:
                 self._passive_rtts.append(rtt)
         self._interval_dropped = self._interval_dropped or sample.dropped
         return self._limit
 
+    def _latency(self, sample: Sample) -> float | None:
+        """The sample's latency if it counts: a real latency (not a drop's, when drops
+        are backed off on) of a request admitted since the epoch; else None."""
+        rtt = sample.rtt
+        if not (math.isfinite(rtt) and rtt > 0):
+            return None
+        if sample.dropped and self.drop_backoff is not None:
+            return None
+        if self._epoch is not None and sample.now - rtt < self._epoch:
+            return None  # admitted before the latest measurement started
+        return rtt
+
     # -- update intervals ----------------------------------------------------------
 
     def _close_interval(self, now: float) -> None:
         rtts = self._interval_rtts
+        backoff = self.drop_backoff if self._interval_dropped else None
+        if not (rtts and self._min_rtt is not None) and backoff is None:
+            # Nothing to set the limit from: it stays, and so does the count of
+            # intervals at the minimum (an idle interval is no sign of a bad min RTT).
+            self._reset_interval(now)
+            return
         old_limit = self._limit
         new_limit = old_limit
         if rtts and self._min_rtt is not None:
@@ -253,8 +290,8 @@ class Gradient(LimitAlgorithm):
             new_limit = self._clamp(math.floor(scaled + math.sqrt(scaled)))
             if self.lower_min_rtt and sample_rtt < self._min_rtt:
                 self._min_rtt = sample_rtt
-        if self._interval_dropped and self.drop_backoff is not None:
-            new_limit = min(new_limit, self._clamp(math.floor(old_limit * self.drop_backoff)))
+        if backoff is not None:
+            new_limit = min(new_limit, self._clamp(math.floor(old_limit * backoff)))
         self._limit = new_limit
         if old_limit == self.min_limit and new_limit == self.min_limit:
             self._min_streak += 1
@@ -275,6 +312,7 @@ class Gradient(LimitAlgorithm):
 
     def _enter_probe(self, now: float) -> None:
         self._probing = True
+        self._epoch = now
         self._probe_start = now
         self._probe_rtts = []
         self._probe_backoff_at = None
@@ -283,13 +321,16 @@ class Gradient(LimitAlgorithm):
         self._min_streak = 0
         self.probes_started += 1
 
-    def _probe_step(self, sample: Sample, now: float, rtt: float | None) -> None:
-        if self._probe_start is None:
-            # Start-up probe: the epoch begins with the first request we hear of.
-            self._probe_start = now - rtt if rtt is not None else now
-        admitted_at = now - sample.rtt if math.isfinite(sample.rtt) else now
-        # Requests admitted before the probe ran at the old limit: not a min RTT.
-        if rtt is not None and admitted_at >= self._probe_start:
+    def _probe_step(self, sample: Sample, now: float) -> None:
+        if self._epoch is None:
+            # Start-up probe: open since the algorithm was built; its age counts from
+            # the earliest admission seen so far.
+            admitted_at = now - sample.rtt if math.isfinite(sample.rtt) else now
+            if self._probe_start is None or admitted_at < self._probe_start:
+                self._probe_start = admitted_at
+        # Requests admitted before a re-measure ran at the old limit: not a min RTT.
+        rtt = self._latency(sample)
+        if rtt is not None:
             self._probe_rtts.append(rtt)
         if sample.dropped and self.drop_backoff is not None:
             # Overload while measuring (every request timing out, say): back off the
@@ -304,6 +345,7 @@ class Gradient(LimitAlgorithm):
         gathered = len(self._probe_rtts)
         timed_out = (
             self.probe_timeout is not None
+            and self._probe_start is not None
             and now - self._probe_start >= self.probe_timeout
             and gathered > 0
         )
