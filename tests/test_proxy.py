@@ -430,3 +430,43 @@ async def test_upstream_timeout_without_a_deadline_gives_504(limit: dict[str, fl
                 assert response.status == 504
                 assert (await response.json())["fault"] == "timeout"
             assert 0.3 <= time.monotonic() - started < 2.0
+
+
+_CLIMBING = [
+    b"/../secret",
+    b"/%2e%2e/secret",
+    b"/%2E%2e/secret",
+    b"/.%2e/secret",
+    b"/a/../../secret",
+    b"/..%2fsecret",
+    b"/..%2Fsecret",
+    b"/%2e%2e%2fsecret",
+    b"/..%5csecret",
+    b"/..\\secret",
+    b"/..",
+]
+
+
+def test_paths_never_climb_out_of_the_upstream_prefix() -> None:
+    recorder = Recorder()
+    with serve_asgi(echo_app(recorder)) as upstream, run_proxy(upstream + "/api") as (url, proxy):
+        for target in _CLIMBING:
+            answer = raw_request(
+                url, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            assert answer.startswith(b"HTTP/1.1 400 "), (target, answer)
+            assert b"upstream's path prefix" in answer
+        assert recorder.requests == []
+        # Dot segments that stay inside are resolved, the rest of the path kept as sent.
+        for target, forwarded in [
+            (b"/a/./b/../c?x=1", "/api/a/c"),
+            (b"/a/%2e%2e/b%20c", "/api/b c"),
+            (b"/v1/model.json", "/api/v1/model.json"),
+        ]:
+            answer = raw_request(
+                url, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            assert answer.startswith(b"HTTP/1.1 200 "), (target, answer)
+            assert recorder.requests[-1]["path"] == forwarded
+        # Refused before admission: the limit never saw the climbing requests.
+        assert proxy.pool.upstreams[0].limiter.snapshot().counts.get("success") == 3

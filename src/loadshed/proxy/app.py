@@ -51,7 +51,7 @@ from loadshed.proxy.config import ProxyConfig
 from loadshed.proxy.errors import UpstreamFault, classify, error_body, fault_body
 from loadshed.proxy.headers import request_headers, response_headers
 from loadshed.proxy.pool import Upstream, UpstreamPool
-from loadshed.proxy.security import is_origin_form
+from loadshed.proxy.security import is_origin_form, safe_path
 
 __all__ = ["ProxyApp", "ProxyMetrics", "create_proxy"]
 
@@ -63,6 +63,7 @@ Send = Callable[[Message], Awaitable[None]]
 logger = logging.getLogger("loadshed.proxy")
 
 _UPSTREAM_KEY = "loadshed.upstream"
+_PATH_KEY = "loadshed.upstream_path"  # the path to forward: dot segments resolved
 _URL_CACHE_SIZE = 1024
 _DROP_STATUSES = frozenset({429, 503})  # the upstream shed load: a capacity signal
 _JSON = (b"content-type", b"application/json")
@@ -302,10 +303,17 @@ class ProxyApp:
             return
         if scope["type"] != "http":  # websockets are not proxied
             return
-        upstream: Upstream | None = scope.get(_UPSTREAM_KEY)  # set only for origin-form
+        upstream: Upstream | None = scope.get(_UPSTREAM_KEY)  # set only for a safe target
         if upstream is None and not is_origin_form(scope):
             await _send_error(send, 400, error_body("bad_request", _NOT_ORIGIN_FORM))
             return
+        path = scope.get(_PATH_KEY)
+        if path is None:
+            path = safe_path(scope["raw_path"])
+            if path is None:
+                await _send_error(send, 400, error_body("bad_request", _UNSAFE_PATH))
+                return
+            scope[_PATH_KEY] = path
         if upstream is None:
             await _send_error(
                 send,
@@ -369,7 +377,7 @@ class ProxyApp:
             detail = "deadline already passed"
             await _send_error(send, 504, fault_body(UpstreamFault.TIMEOUT, detail))
             return
-        url = self._url(upstream, scope["raw_path"], scope.get("query_string", b""))
+        url = self._url(upstream, scope[_PATH_KEY], scope.get("query_string", b""))
         headers = request_headers(scope, upstream.url.host_header, remaining)
         task = asyncio.current_task()
         assert task is not None
@@ -512,6 +520,10 @@ _NOT_ORIGIN_FORM = (
     "request target must be a path (origin-form, /path?query); "
     "absolute URLs, CONNECT and * are refused: this is not a forward proxy"
 )
+_UNSAFE_PATH = (
+    "request path climbs above / with '..' (or hides a dot segment behind an encoded "
+    "slash or a backslash): refused, it would leave the upstream's path prefix"
+)
 
 
 async def _send_error(
@@ -553,6 +565,10 @@ def create_proxy(
     def select(scope: Scope) -> Limiter | None:
         if not is_origin_form(scope):
             return None  # refused by the app before it costs any capacity
+        path = safe_path(scope["raw_path"])
+        if path is None:
+            return None  # refused (400) by the app, as above
+        scope[_PATH_KEY] = path
         upstream = pool.choose()
         if upstream is None:
             return None

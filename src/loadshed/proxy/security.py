@@ -4,6 +4,10 @@
   never from the request. A request whose target is not origin-form (``/path``) is
   refused with 400: ``GET http://evil/ HTTP/1.1`` (absolute-form), ``CONNECT
   host:443`` (authority-form) and ``OPTIONS *``.
+- A path never climbs out of the upstream's prefix: :func:`safe_path` resolves
+  dot segments (``.``, ``..``, also percent-encoded) before the prefix is put in
+  front, and refuses (400) a path whose ``..`` would climb above ``/`` or that hides
+  a dot segment behind an encoded slash or a backslash (``/..%2f``, ``/..\\``).
 - httptools, uvicorn's fast parser, hands the app only the *path* of an
   absolute-form target (``GET http://evil/x`` arrives as ``raw_path=b"/x"``), so the
   app alone cannot tell. :func:`bounded_protocol` builds a uvicorn protocol class
@@ -16,10 +20,11 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["bounded_protocol", "is_origin_form"]
+__all__ = ["bounded_protocol", "is_origin_form", "safe_path"]
 
 
 def is_origin_form(scope: dict[str, Any] | Any) -> bool:
@@ -28,6 +33,42 @@ def is_origin_form(scope: dict[str, Any] | Any) -> bool:
     if raw_path is None:
         raw_path = str(scope.get("path", "")).encode("latin-1")
     return bool(raw_path[:1] == b"/") and scope.get("method") != "CONNECT"
+
+
+_DOT_SEGMENTS = (b".", b"..")
+
+
+def safe_path(raw_path: bytes) -> bytes | None:
+    """``raw_path`` (origin-form, as sent) with its dot segments resolved, or None to refuse.
+
+    Resolves ``.`` and ``..`` segments as RFC 3986 section 5.2.4 does, counting
+    ``%2e`` as a dot: ``/a/./b/../c`` becomes ``/a/c``. Returns None when a ``..``
+    would climb above ``/`` (``/../secret``, ``/%2e%2e/secret``, ``/a/../../x``) or when
+    a segment hides a dot segment behind an encoded slash or a backslash (``/..%2fx``,
+    ``/..\\x``), which an upstream that decodes first would resolve. Other segments
+    are kept exactly as sent (still percent-encoded).
+    """
+    if b"/." not in raw_path and b"%" not in raw_path and b"\\" not in raw_path:
+        return raw_path  # no dot segment can hide in it: the common case, untouched
+    segments = raw_path.split(b"/")[1:]
+    kept: list[bytes] = []
+    last = len(segments) - 1
+    for index, segment in enumerate(segments):
+        decoded = unquote_to_bytes(segment) if b"%" in segment else segment
+        if decoded in _DOT_SEGMENTS:
+            if decoded == b"..":
+                if not kept:
+                    return None  # above the root: out of the upstream's prefix
+                kept.pop()
+            if index == last:
+                kept.append(b"")  # "/a/b/.." is "/a/": a directory
+            continue
+        if b"/" in decoded or b"\\" in decoded:
+            pieces = decoded.replace(b"\\", b"/").split(b"/")
+            if any(piece in _DOT_SEGMENTS for piece in pieces):
+                return None
+        kept.append(segment)
+    return b"/" + b"/".join(kept)
 
 
 class _HeadTooLarge(Exception):
