@@ -6,8 +6,12 @@ request waits in a FIFO of at most ``queue`` requests; past that it gets 503 at 
 whose client went away keeps its slot for the whole work time, like a server that does not
 notice disconnects: that wasted work is what load shedding in front of it avoids.
 
-``PUT /admin/work-time`` with ``{"seconds": 2.0}`` changes the work time of requests that start
-work from then on (E2 halves capacity this way). ``GET /admin/stats`` reports the state.
+The work time is constant by default (E2). ``service_dist`` makes it vary per request around
+the same mean: ``exponential``, or ``lognormal`` with log-space spread ``sigma``, drawn from
+``random.Random(seed)`` so a run repeats; capacity stays ``workers / service_time``.
+
+``PUT /admin/work-time`` with ``{"seconds": 2.0}`` changes the (mean) work time of requests that
+start work from then on (E2 halves capacity this way). ``GET /admin/stats`` reports the state.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import collections
 import json
 import math
+import random
 from typing import Any
 
 from starlette.applications import Starlette
@@ -25,8 +30,18 @@ from starlette.routing import Route
 
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.demo import invalid_request, positive_int, positive_number
+from loadshed.errors import ConfigError
+from loadshed.sim.service import DISTRIBUTIONS, ServiceTime, make_service_time
 
-__all__ = ["DEFAULT_QUEUE", "DEFAULT_SERVICE_TIME", "DEFAULT_WORKERS", "Origin", "create_app"]
+__all__ = [
+    "DEFAULT_QUEUE",
+    "DEFAULT_SERVICE_TIME",
+    "DEFAULT_SIGMA",
+    "DEFAULT_WORKERS",
+    "SERVICE_DISTRIBUTIONS",
+    "Origin",
+    "create_app",
+]
 
 DEFAULT_WORKERS = 7
 """E2's origin slots."""
@@ -34,6 +49,11 @@ DEFAULT_SERVICE_TIME = 1.0
 """E2's initial work time, seconds (later 2.0)."""
 DEFAULT_QUEUE = 100
 """E2's origin queue bound."""
+SERVICE_DISTRIBUTIONS: tuple[str, ...] = DISTRIBUTIONS
+"""Work-time distributions: ``constant`` (E2), ``exponential``, ``lognormal``; all have mean
+``service_time``."""
+DEFAULT_SIGMA = 0.5
+"""Log-space spread of the ``lognormal`` work time (the simulator's default)."""
 MAX_WORK_TIME = 3600.0
 
 
@@ -50,8 +70,23 @@ class Origin:
         service_time: float = DEFAULT_SERVICE_TIME,
         queue: int = DEFAULT_QUEUE,
         clock: Clock = MONOTONIC,
+        *,
+        service_dist: str = "constant",
+        sigma: float = DEFAULT_SIGMA,
+        seed: int = 0,
     ) -> None:
         self.workers = positive_int(workers, "workers")
+        if service_dist not in SERVICE_DISTRIBUTIONS:
+            raise ConfigError(
+                "service_dist",
+                f"got {service_dist!r}, allowed: {'|'.join(SERVICE_DISTRIBUTIONS)}",
+            )
+        self.service_dist = service_dist
+        self.sigma = positive_number(sigma, "sigma")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError("seed", f"must be an integer, got {seed!r}")
+        self.seed = seed
+        self._rng = random.Random(seed)
         self.work_time = positive_number(service_time, "service_time", maximum=MAX_WORK_TIME)
         self.queue_limit = positive_int(queue, "queue", minimum=0)
         self._clock = clock
@@ -59,6 +94,19 @@ class Origin:
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self.served = 0
         self.rejected = 0
+
+    @property
+    def work_time(self) -> float:
+        """Mean work time in seconds (the exact work time when constant)."""
+        return self._service.mean
+
+    @work_time.setter
+    def work_time(self, seconds: float) -> None:
+        self._service: ServiceTime = make_service_time(self.service_dist, seconds, self.sigma)
+
+    def draw_work_time(self) -> float:
+        """The work time of the next request to start work: a draw from the distribution."""
+        return self._service.sample(self._rng)
 
     @property
     def queued(self) -> int:
@@ -89,7 +137,7 @@ class Origin:
         else:
             self.busy += 1
         started = self._clock.now()
-        work_time = self.work_time
+        work_time = self.draw_work_time()
         try:
             await asyncio.sleep(work_time)
         finally:
@@ -111,6 +159,9 @@ class Origin:
             "workers": self.workers,
             "queue_limit": self.queue_limit,
             "work_time": self.work_time,
+            "service_dist": self.service_dist,
+            "sigma": self.sigma if self.service_dist == "lognormal" else None,
+            "seed": self.seed,
             "busy": self.busy,
             "queued": self.queued,
             "served": self.served,
@@ -124,12 +175,24 @@ def create_app(
     service_time: float = DEFAULT_SERVICE_TIME,
     queue: int = DEFAULT_QUEUE,
     *,
+    service_dist: str = "constant",
+    sigma: float = DEFAULT_SIGMA,
+    seed: int = 0,
     clock: Clock = MONOTONIC,
 ) -> Starlette:
-    """Build the origin service: ``workers`` slots, initial work time ``service_time`` seconds,
-    at most ``queue`` waiting requests. Raises :class:`~loadshed.errors.ConfigError` naming a
-    bad setting."""
-    origin = Origin(workers=workers, service_time=service_time, queue=queue, clock=clock)
+    """Build the origin service: ``workers`` slots, initial (mean) work time ``service_time``
+    seconds drawn from ``service_dist`` (``constant|exponential|lognormal``; ``sigma`` is the
+    lognormal's log-space spread; ``seed`` seeds the draws), at most ``queue`` waiting
+    requests. Raises :class:`~loadshed.errors.ConfigError` naming a bad setting."""
+    origin = Origin(
+        workers=workers,
+        service_time=service_time,
+        queue=queue,
+        clock=clock,
+        service_dist=service_dist,
+        sigma=sigma,
+        seed=seed,
+    )
 
     async def work(request: Request) -> JSONResponse:
         try:
@@ -141,7 +204,7 @@ def create_app(
                 headers={"Retry-After": str(max(1, math.ceil(origin.work_time)))},
             )
         return JSONResponse(
-            {"queued_seconds": round(queued_seconds, 6), "worked_seconds": worked_seconds}
+            {"queued_seconds": round(queued_seconds, 6), "worked_seconds": round(worked_seconds, 6)}
         )
 
     async def set_work_time(request: Request) -> JSONResponse:

@@ -2,6 +2,7 @@
 
     loadshed serve-demo --model hashburn --protect little --port 8000
     loadshed serve-demo --model origin --workers 7 --service-time 1 --protect aimd
+    loadshed serve-demo --model origin --workers 32 --service-time 0.2 --service-dist exponential
     loadshed serve-demo --model hashburn --protect none --port 0   # prints the bound port
 
 ``--protect`` chooses what stands in front of the service (``W`` is the service's worker
@@ -115,11 +116,15 @@ def build_app(
     service_time: float | None = None,
     workers: int | None = None,
     deadline_target: float = DEFAULT_DEADLINE_TARGET,
+    service_dist: str | None = None,
+    sigma: float | None = None,
+    seed: int | None = None,
 ) -> Any:
     """Build demo service ``model`` with its settings, wrapped as ``protect`` says.
 
     ``service_time`` applies to hashburn and origin, ``workers`` to digits and origin
-    (hashburn is one worker per process). Raises :class:`ConfigError` naming the flag.
+    (hashburn is one worker per process), ``service_dist``, ``sigma`` (lognormal only) and
+    ``seed`` to origin. Raises :class:`ConfigError` naming the flag.
     """
     from loadshed.demo import create_demo_app
 
@@ -135,6 +140,14 @@ def build_app(
         settings["service_time"] = service_time
     if workers is not None and model != "hashburn":
         settings["workers"] = workers
+    origin_only = {"service_dist": service_dist, "sigma": sigma, "seed": seed}
+    for name, value in origin_only.items():
+        if value is not None:
+            if model != "origin":
+                raise ConfigError("--" + name.replace("_", "-"), "applies to origin only")
+            settings[name] = value.strip().lower() if isinstance(value, str) else value
+    if sigma is not None and settings.get("service_dist") != "lognormal":
+        raise ConfigError("--sigma", "applies to --service-dist lognormal only")
     try:
         if model == "hashburn":
             app = hashburn_pool_app(
@@ -193,6 +206,19 @@ def _bind(host: str, port: int) -> socket.socket:
     help="Worker processes (hashburn, digits) or slots (origin); default: the service's own.",
 )
 @click.option(
+    "--service-dist",
+    default=None,
+    help="Work-time distribution of origin, mean --service-time: constant (default), "
+    "exponential, lognormal.",
+)
+@click.option(
+    "--sigma",
+    type=float,
+    default=None,
+    help="Log-space spread of --service-dist lognormal (default 0.5).",
+)
+@click.option("--seed", type=int, default=None, help="Seed of origin's work times (default 0).")
+@click.option(
     "--deadline-target",
     type=float,
     default=DEFAULT_DEADLINE_TARGET,
@@ -212,6 +238,9 @@ def serve_demo(
     protect: str,
     service_time: float | None,
     workers: int | None,
+    service_dist: str | None,
+    sigma: float | None,
+    seed: int | None,
     deadline_target: float,
     host: str,
     port: int,
@@ -229,6 +258,9 @@ def serve_demo(
             service_time=service_time,
             workers=workers,
             deadline_target=deadline_target,
+            service_dist=service_dist,
+            sigma=sigma,
+            seed=seed,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from None
