@@ -8,6 +8,7 @@ Timestamps come from inside the workers (``time.monotonic`` is system-wide on Li
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -22,12 +23,14 @@ import pytest
 
 from loadshed.errors import ConfigError
 from loadshed.runner import (
+    MAX_WORKERS_ENV,
     JobTimeout,
     ModelRunner,
     RemoteTraceback,
     RunnerClosed,
     WorkerCrashed,
     WorkerInitError,
+    machine_worker_bound,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -464,3 +467,147 @@ async def test_random_cancellations_leak_no_job_and_no_worker(tmp_path: Path) ->
     assert stats.cancelled == len(cancelled_running)
     assert len(ran) == stats.completed + stats.cancelled
     assert (stats.idle, stats.waiting, stats.crashed, stats.restarts) == (2, 0, 0, 0)
+
+
+# --------------------------------------------------------------------------- worker bound
+
+
+def test_absurd_worker_count_is_refused_before_any_process_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(MAX_WORKERS_ENV, raising=False)
+    children_before = {child.pid for child in psutil.Process().children()}
+    bound, reason = machine_worker_bound()
+    assert 1 <= bound <= 8 * (os.cpu_count() or 1)
+    with pytest.raises(ConfigError) as info:
+        ModelRunner(job, workers=100_000)
+    message = str(info.value)
+    assert info.value.field == "workers"
+    assert f"at most {bound} on this machine ({reason})" in message
+    assert "max_workers=" in message and MAX_WORKERS_ENV in message
+    assert "\n" not in message
+    assert {child.pid for child in psutil.Process().children()} == children_before
+    ModelRunner(job, workers=bound)  # the bound itself is allowed (nothing starts yet)
+
+
+def test_worker_bound_is_overridable_on_purpose(monkeypatch: pytest.MonkeyPatch) -> None:
+    bound, _ = machine_worker_bound()
+    assert ModelRunner(job, workers=bound + 1, max_workers=bound + 1).workers == bound + 1
+    with pytest.raises(ConfigError, match=r"^workers: must be at most max_workers \(3\)"):
+        ModelRunner(job, workers=4, max_workers=3)
+    monkeypatch.setenv(MAX_WORKERS_ENV, "2")
+    assert machine_worker_bound() == (2, f"{MAX_WORKERS_ENV}=2")
+    with pytest.raises(ConfigError, match=f"at most 2 on this machine \\({MAX_WORKERS_ENV}=2\\)"):
+        ModelRunner(job, workers=3)
+    monkeypatch.setenv(MAX_WORKERS_ENV, "lots")
+    with pytest.raises(ConfigError) as info:
+        ModelRunner(job, workers=1)
+    assert info.value.field == MAX_WORKERS_ENV
+
+
+_STARTUP_SCRIPT = """
+import asyncio, os, signal, sys, time
+from loadshed.runner import ModelRunner
+
+def slow_initializer(directory):
+    with open(os.path.join(directory, str(os.getpid())), "w"):
+        pass
+    time.sleep(60)
+
+def job():
+    return os.getpid()
+
+async def main(directory, method, mode):
+    runner = ModelRunner(job, workers=4, initializer=slow_initializer,
+                         initargs=(directory,), mp_context=method)
+    if mode == "handled":  # as a server does: SIGTERM cancels the start-up
+        asyncio.get_running_loop().add_signal_handler(
+            signal.SIGTERM, asyncio.current_task().cancel)
+    await runner.start()
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    "method, mode",
+    [("fork", "default"), ("forkserver", "default"), ("spawn", "default"), ("fork", "handled")],
+)
+def test_sigterm_during_startup_stops_everything_at_once(
+    tmp_path: Path, method: str, mode: str
+) -> None:
+    """A runner of 4 workers whose initializer takes a minute, SIGTERMed while they start:
+    the process exits within seconds and none of its children (workers, fork server)
+    remains, whether SIGTERM kills the process (default) or a handler cancels the start."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "start_runner.py"  # a file: spawn and forkserver import it by name
+    script.write_text(_STARTUP_SCRIPT)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(pids), method, mode],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while len(list(pids.iterdir())) < 4:  # every initializer is running
+            if process.poll() is not None:
+                assert process.stderr is not None
+                raise AssertionError(f"the runner's process exited: {process.stderr.read()!r}")
+            assert time.monotonic() < deadline, "the workers did not start"
+            time.sleep(0.02)
+        parent = psutil.Process(process.pid)
+        children = parent.children(recursive=True)
+        workers = {int(path.name) for path in pids.iterdir()}
+        assert workers <= {child.pid for child in children}
+        sent = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=10)
+        assert time.monotonic() - sent < 3.0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def gone(child: psutil.Process) -> bool:
+        try:
+            return child.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + 3.0
+    try:
+        while not all(gone(child) for child in children):
+            left = [child.pid for child in children if not gone(child)]
+            assert time.monotonic() < deadline, f"processes left behind: {left}"
+            time.sleep(0.02)
+    finally:  # on failure, do not leave them to the next test
+        for child in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
+# --------------------------------------------------------------------------- live workers
+
+
+async def test_live_workers_follow_crashes_and_replacements(tmp_path: Path) -> None:
+    runner = ModelRunner(job, workers=2, mp_context="fork")
+    seen: list[int] = []
+    runner.add_workers_listener(seen.append)
+    assert runner.live_workers == 2  # not started: run() would start it
+    await runner.start()
+    assert runner.live_workers == 2
+    assert seen[0] == 0 and seen[-1] == 2  # none ready at first, then both
+    seen.clear()
+    with pytest.raises(WorkerCrashed):
+        await runner.run("die", "exit")
+    assert seen[0] == 1  # counted as gone at once
+    await wait_until(lambda: runner.live_workers == 2)
+    assert seen == [1, 2]
+    runner.remove_workers_listener(seen.append)
+    await runner.close()
+    assert runner.live_workers == 0
+    assert seen == [1, 2]

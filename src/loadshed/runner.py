@@ -22,10 +22,10 @@ import asyncio
 import collections
 import contextlib
 import itertools
-import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
+import os
 import pickle
 import signal
 import sys
@@ -39,9 +39,11 @@ from typing import Any, Generic, TypeVar
 
 from hdrh.histogram import HdrHistogram
 
+from loadshed.checks import check_int, check_optional_number
 from loadshed.errors import ConfigError, LoadshedError
 
 __all__ = [
+    "MAX_WORKERS_ENV",
     "JobTimeout",
     "ModelRunner",
     "RemoteTraceback",
@@ -50,6 +52,7 @@ __all__ = [
     "RunnerStats",
     "WorkerCrashed",
     "WorkerInitError",
+    "machine_worker_bound",
 ]
 
 R = TypeVar("R")
@@ -62,9 +65,76 @@ _HIST_LOWEST_US = 1
 _HIST_HIGHEST_US = 3_600_000_000
 _HIST_DIGITS = 2
 
+MAX_WORKERS_ENV = "LOADSHED_MAX_WORKERS"
+"""Environment variable that replaces the machine-derived bound on ``workers``."""
+_WORKERS_PER_CPU = 8
+_MEMORY_PER_WORKER = 32 << 20  # bytes: less than any Python process with a model needs
+
 # Back-off between attempts to replace a worker whose initializer keeps failing.
 _RESTART_BACKOFF_FIRST = 0.1
 _RESTART_BACKOFF_MAX = 5.0
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where known, e.g. a cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available to new processes: MemAvailable, or less when this
+    process's cgroup (v2) allows less; None where neither can be read."""
+    available: int | None = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        available = None
+    limit = _read_int("/sys/fs/cgroup/memory.max")  # "max" (no limit) reads as None
+    used = _read_int("/sys/fs/cgroup/memory.current")
+    if limit is not None and used is not None:
+        room = max(0, limit - used)
+        available = room if available is None else min(available, room)
+    return available
+
+
+def machine_worker_bound() -> tuple[int, str]:
+    """The most worker processes a :class:`ModelRunner` starts on this machine unless
+    told otherwise, and how that number was found (for the error message).
+
+    ``LOADSHED_MAX_WORKERS`` (an integer >= 1) replaces it. Otherwise it is 8 per usable
+    CPU, and at most one per 32 MiB of available memory: far above what CPU-bound
+    workers can use, far below the thousands of processes a typo (``--workers 100000``)
+    would fork until memory ran out.
+    """
+    env = os.environ.get(MAX_WORKERS_ENV)
+    if env is not None and env.strip():
+        text = env.strip()
+        if not text.isdigit() or int(text) < 1:
+            raise ConfigError(MAX_WORKERS_ENV, f"must be an integer >= 1, got {env!r}")
+        return int(text), f"{MAX_WORKERS_ENV}={text}"
+    cpus = _usable_cpus()
+    bound = _WORKERS_PER_CPU * cpus
+    reason = f"{_WORKERS_PER_CPU} per CPU x {cpus} CPU{'s' if cpus != 1 else ''}"
+    memory = _available_memory()
+    if memory is not None and memory // _MEMORY_PER_WORKER < bound:
+        bound = max(1, memory // _MEMORY_PER_WORKER)
+        reason = f"one per {_MEMORY_PER_WORKER >> 20} MiB of {memory >> 20} MiB available memory"
+    return bound, reason
 
 
 def _signal_name(exitcode: int | None) -> str | None:
@@ -202,13 +272,67 @@ def _pickleable_exception(exc: BaseException) -> BaseException:
     return exc
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _set_parent_death_signal() -> bool:
+    """Linux: have the kernel SIGKILL this process when its parent (the thread that
+    started it) dies. False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent_sentinel() -> None:
+    """End this process as soon as multiprocessing's parent sentinel reports the runner's
+    process gone (a daemon thread that waits on it)."""
+    import threading
+
+    parent = multiprocessing.parent_process()
+    sentinel = parent.sentinel if parent is not None else None
+    if sentinel is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="loadshed-runner-watch", daemon=True).start()
+
+
+def _end_with_runner(runner_pid: int) -> bool:
+    """Make sure this worker never outlives the runner's process (killed, or stopped by
+    SIGTERM while initializers ran), even in the middle of an initializer or a job.
+
+    Where the runner's process is the parent (``fork``, ``spawn``) on Linux, the kernel
+    SIGKILLs the worker when it dies. Otherwise (``forkserver``: the parent is the fork
+    server, which itself waits for its children; other systems) a thread waits on
+    multiprocessing's parent sentinel and ends the process. Returns False if the runner's
+    process is already gone.
+    """
+    if os.getppid() == runner_pid and _set_parent_death_signal():
+        # The runner may have died before the request took effect.
+        return os.getppid() == runner_pid
+    _watch_parent_sentinel()  # fires at once if the runner is already gone
+    return True
+
+
 def _worker_main(
     conn: multiprocessing.connection.Connection,
     fn: Callable[..., Any],
     initializer: Callable[..., object] | None,
     initargs: tuple[Any, ...],
+    runner_pid: int,
 ) -> None:
     """Worker process body: run the initializer once, then serve one job at a time."""
+    if not _end_with_runner(runner_pid):
+        return
     # Ctrl-C in a terminal goes to the whole process group; the parent decides when we stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A forked worker inherits the parent's Python signal handlers (a server's graceful-exit
@@ -317,6 +441,11 @@ class ModelRunner(Generic[R]):
     caller of a running job is cancelled (frees the CPU at once, costs a model reload);
     by default the job runs to completion and its result is discarded.
 
+    ``workers`` may not exceed ``max_workers``; by default (None) that bound comes from the
+    machine (:func:`machine_worker_bound`: 8 per CPU, one per 32 MiB of available memory,
+    or the ``LOADSHED_MAX_WORKERS`` environment variable), so that a typo cannot fork
+    processes until memory runs out. Pass ``max_workers`` to allow more on purpose.
+
     Start it with ``async with ModelRunner(...) as runner`` or ``await runner.start()``
     (``run`` also starts it on first use); stop it with ``await runner.close()``.
     Invalid settings raise :class:`~loadshed.errors.ConfigError` here, at construction.
@@ -332,29 +461,42 @@ class ModelRunner(Generic[R]):
         mp_context: str | multiprocessing.context.BaseContext | None = None,
         job_timeout: float | None = None,
         kill_on_cancel: bool = False,
+        max_workers: int | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigError("fn", f"must be callable, got {type(fn).__name__}")
-        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-            raise ConfigError("workers", f"must be an integer >= 1, got {workers!r}")
+        workers = check_int("workers", workers, minimum=1)
+        if max_workers is None:
+            bound, reason = machine_worker_bound()
+            if workers > bound:
+                raise ConfigError(
+                    "workers",
+                    f"must be at most {bound} on this machine ({reason}), got {workers}; "
+                    f"to allow more on purpose, set {MAX_WORKERS_ENV} (or pass max_workers=)",
+                )
+        else:
+            max_workers = check_int("max_workers", max_workers, minimum=1)
+            if workers > max_workers:
+                raise ConfigError(
+                    "workers", f"must be at most max_workers ({max_workers}), got {workers}"
+                )
         if initializer is not None and not callable(initializer):
             raise ConfigError(
                 "initializer", f"must be callable or None, got {type(initializer).__name__}"
             )
-        if job_timeout is not None and (
-            isinstance(job_timeout, bool)
-            or not isinstance(job_timeout, (int, float))
-            or not math.isfinite(job_timeout)
-            or job_timeout <= 0
-        ):
-            raise ConfigError("job_timeout", f"must be a number > 0 or None, got {job_timeout!r}")
+        job_timeout = check_optional_number(
+            "job_timeout", job_timeout, minimum=0, min_open=True, unit="seconds"
+        )
         self._fn = fn
         self._workers_wanted = workers
         self._initializer = initializer
         self._initargs = tuple(initargs)
         self._context = _resolve_context(mp_context)
-        self._job_timeout = float(job_timeout) if job_timeout is not None else None
-        self._kill_on_cancel = kill_on_cancel
+        self._job_timeout = job_timeout
+        self._kill_on_cancel = bool(kill_on_cancel)
+        # Workers ready for a job; before start() the configured count (see live_workers).
+        self._live = workers
+        self._workers_listeners: list[Callable[[int], None]] = []
 
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
@@ -387,6 +529,50 @@ class ModelRunner(Generic[R]):
     def workers(self) -> int:
         """Configured number of worker processes (the runner's concurrency)."""
         return self._workers_wanted
+
+    @property
+    def live_workers(self) -> int:
+        """Worker processes ready for a job now, idle or busy.
+
+        A worker that died, or was killed (``job_timeout``, ``kill_on_cancel``), counts as
+        gone until its replacement's initializer has finished; a worker still starting
+        does not count yet. Before :meth:`start` this is the configured count (``run()``
+        starts the runner on first use, so a limit read from it must let that first call
+        through); after :meth:`close`, 0. Cheap: a counter kept up to date.
+        """
+        return self._live
+
+    def add_workers_listener(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(live_workers)`` each time :attr:`live_workers` changes.
+
+        Called on the runner's event loop, from inside the runner's own callbacks: keep it
+        short and do not await. An exception it raises goes to the loop's exception handler.
+        """
+        self._workers_listeners.append(callback)
+
+    def remove_workers_listener(self, callback: Callable[[int], None]) -> None:
+        """Stop calling ``callback`` (a no-op if it was not registered)."""
+        with contextlib.suppress(ValueError):
+            self._workers_listeners.remove(callback)
+
+    def _update_live(self) -> None:
+        """Recount the ready workers and tell the listeners if the count changed."""
+        if self._closed:
+            live = 0
+        else:
+            live = sum(1 for w in self._slots if w is not None and w.ready and not w.killed)
+        if live == self._live:
+            return
+        self._live = live
+        for callback in list(self._workers_listeners):
+            try:
+                callback(live)
+            except Exception as exc:
+                if self._loop is None:
+                    raise
+                self._loop.call_exception_handler(
+                    {"message": "ModelRunner workers listener failed", "exception": exc}
+                )
 
     @property
     def start_method(self) -> str:
@@ -428,30 +614,35 @@ class ModelRunner(Generic[R]):
         async with self._start_lock:
             if self._started:
                 return
+            if self._closed:
+                raise RunnerClosed("runner is closed")
             self._loop = loop
             self._all_dead = asyncio.Event()
+            self._update_live()  # none is ready yet
             startups: list[asyncio.Future[None]] = []
-            for slot in range(self._workers_wanted):
-                future: asyncio.Future[None] = loop.create_future()
-                self._startup[slot] = future
-                startups.append(future)
-                try:
-                    self._spawn(slot)
-                except Exception as exc:
-                    self._startup.pop(slot, None)
-                    await self._shutdown_workers()
-                    hint = (
-                        ""
-                        if self.start_method == "fork"
-                        else f"; with the {self.start_method} start method fn, initializer and "
-                        "initargs must pickle (use module-level functions)"
-                    )
-                    raise WorkerInitError(
-                        f"could not start a worker process: {exc!r}{hint}"
-                    ) from exc
             try:
+                for slot in range(self._workers_wanted):
+                    future: asyncio.Future[None] = loop.create_future()
+                    self._startup[slot] = future
+                    startups.append(future)
+                    try:
+                        self._spawn(slot)
+                    except Exception as exc:
+                        self._startup.pop(slot, None)
+                        hint = (
+                            ""
+                            if self.start_method == "fork"
+                            else f"; with the {self.start_method} start method fn, initializer "
+                            "and initargs must pickle (use module-level functions)"
+                        )
+                        raise WorkerInitError(
+                            f"could not start a worker process: {exc!r}{hint}"
+                        ) from exc
                 await asyncio.gather(*startups)
             except BaseException:
+                # A failed initializer, a cancelled start-up (e.g. SIGTERM handled by the
+                # server) or an exception from a signal handler: every worker started so far
+                # is stopped at once (those still in their initializer are killed).
                 for future in startups:
                     future.cancel()
                 await self._shutdown_workers()
@@ -619,16 +810,24 @@ class ModelRunner(Generic[R]):
         parent_conn, child_conn = self._context.Pipe(duplex=True)
         process = self._context.Process(  # type: ignore[attr-defined]
             target=_worker_main,
-            args=(child_conn, self._fn, self._initializer, self._initargs),
+            args=(child_conn, self._fn, self._initializer, self._initargs, os.getpid()),
             name=f"loadshed-runner-{slot}",
             daemon=True,
         )
         try:
             process.start()
+            worker = _Worker(slot, process, parent_conn)
+            self._slots[slot] = worker
+        except BaseException:
+            # Failed, or interrupted (a signal handler's exception) after the fork: leave no
+            # process behind.
+            if process.pid is not None:
+                with contextlib.suppress(Exception):
+                    process.kill()
+            parent_conn.close()
+            raise
         finally:
             child_conn.close()
-        worker = _Worker(slot, process, parent_conn)
-        self._slots[slot] = worker
         loop.add_reader(parent_conn.fileno(), self._on_readable, worker)
         loop.add_reader(worker.sentinel, self._on_exit, worker)
 
@@ -649,6 +848,7 @@ class ModelRunner(Generic[R]):
             if startup is not None and not startup.done():
                 startup.set_result(None)
             self._release(worker)
+            self._update_live()
             return
         if message[0] == "init_error":
             _, exc, tb_text = message
@@ -701,6 +901,7 @@ class ModelRunner(Generic[R]):
             self._idle.remove(worker)
         if self._slots[worker.slot] is worker:
             self._slots[worker.slot] = None
+        self._update_live()
         job = worker.job
         if job is not None:
             self._finish_job(worker, job)
@@ -759,6 +960,7 @@ class ModelRunner(Generic[R]):
             self._idle.remove(worker)
         with contextlib.suppress(ProcessLookupError, OSError, ValueError):
             worker.process.kill()
+        self._update_live()
 
     def _on_job_timeout(self, worker: _Worker, job: _Job) -> None:
         if worker.job is not job:
@@ -783,8 +985,13 @@ class ModelRunner(Generic[R]):
             if not waiter.done():
                 waiter.set_exception(RunnerClosed("runner closed while waiting for a worker"))
         self._idle.clear()
+        self._update_live()
         for worker in self._slots:
             if worker is None:
+                continue
+            if not worker.ready:
+                # Still in its initializer (which may take minutes): nothing to lose.
+                self._kill(worker)
                 continue
             job = worker.job
             if job is not None:
