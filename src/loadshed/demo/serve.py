@@ -156,6 +156,8 @@ def build_app(
         else:
             app = create_demo_app(model, **settings)
     except ConfigError as error:
+        if error.field.isupper():  # an environment variable (LOADSHED_MAX_WORKERS)
+            raise
         # The service names its setting (service_time); the user typed the flag.
         flag = "--" + error.field.replace("_", "-")
         raise ConfigError(flag, str(error).split(": ", 1)[1]) from None
@@ -203,7 +205,9 @@ def _bind(host: str, port: int) -> socket.socket:
     "--workers",
     type=int,
     default=None,
-    help="Worker processes (hashburn, digits) or slots (origin); default: the service's own.",
+    help="Worker processes (hashburn, digits) or slots (origin); default: the service's own. "
+    "Processes: at most 8 per CPU (and one per 32 MiB of available memory) unless the "
+    "environment variable LOADSHED_MAX_WORKERS sets another bound.",
 )
 @click.option(
     "--service-dist",
