@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
+import random
+import re
+import select
 import signal
+import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -266,6 +273,151 @@ async def test_origin_queued_request_cancelled_frees_nothing_it_did_not_hold() -
     assert (service.busy, service.queued, service.served) == (0, 0, 1)
 
 
+async def work_sequentially(url: str, count: int) -> list[float]:
+    """``count`` requests to ``/work`` one after the other; their ``worked_seconds``."""
+    worked = []
+    async with client() as session:
+        for _ in range(count):
+            status, body, elapsed = await get_json(session, f"{url}/work")
+            assert status == 200
+            assert elapsed >= body["worked_seconds"] - 0.002
+            worked.append(body["worked_seconds"])
+    return worked
+
+
+async def test_origin_variable_work_times_are_seeded_draws_with_the_set_mean() -> None:
+    # A log-normal work time of mean 20 ms, sigma 1: each draw is random.Random(seed)'s,
+    # with mu = ln(mean) - sigma^2 / 2, so the mean stays the service time.
+    settings: dict[str, Any] = {
+        "workers": 1,
+        "service_time": 0.02,
+        "service_dist": "lognormal",
+        "sigma": 1.0,
+    }
+    draws = random.Random(5)
+    mu = math.log(0.02) - 1.0**2 / 2
+    expected = [round(draws.lognormvariate(mu, 1.0), 6) for _ in range(12)]
+    with serve(origin.create_app(**settings, seed=5)) as served:
+        assert await work_sequentially(served.url, 12) == expected
+        async with client() as session:
+            _, stats, _ = await get_json(session, f"{served.url}/admin/stats")
+    assert (stats["service_dist"], stats["sigma"], stats["seed"]) == ("lognormal", 1.0, 5)
+    assert stats["work_time"] == 0.02 and stats["capacity_rps"] == pytest.approx(50.0)
+    # The same seed repeats the run; another seed does not.
+    with serve(origin.create_app(**settings, seed=5)) as served:
+        assert await work_sequentially(served.url, 12) == expected
+    with serve(origin.create_app(**settings, seed=6)) as served:
+        assert await work_sequentially(served.url, 12) != expected
+
+
+@pytest.mark.parametrize(
+    ("dist", "sigma"), [("exponential", 0.5), ("lognormal", 0.5), ("lognormal", 1.0)]
+)
+def test_origin_work_time_distributions_keep_the_mean(dist: str, sigma: float) -> None:
+    service = origin.Origin(workers=1, service_time=0.2, service_dist=dist, sigma=sigma, seed=1)
+    draws = [service.draw_work_time() for _ in range(40_000)]
+    assert statistics.fmean(draws) == pytest.approx(0.2, rel=0.03)
+    assert statistics.pstdev(draws) > 0.05  # spread, unlike the constant default
+    service.work_time = 0.4  # PUT /admin/work-time changes the mean, not the shape
+    later = [service.draw_work_time() for _ in range(40_000)]
+    assert statistics.fmean(later) == pytest.approx(0.4, rel=0.03)
+    constant = origin.Origin(workers=1, service_time=0.2)
+    assert {constant.draw_work_time() for _ in range(100)} == {0.2}
+
+
+async def test_origin_serves_32_workers_at_once_with_exponential_work_times() -> None:
+    # The live check's origin: 32 slots of exponential 200 ms work (asyncio sleeps).
+    app = origin.create_app(workers=32, service_time=0.2, service_dist="exponential", seed=2)
+    with serve(app) as served:
+        async with client() as session:
+            started = time.monotonic()
+            results = await asyncio.gather(
+                *(get_json(session, f"{served.url}/work") for _ in range(32))
+            )
+            elapsed = time.monotonic() - started
+            assert [status for status, _, _ in results] == [200] * 32
+            worked = [body["worked_seconds"] for _, body, _ in results]
+            assert len(set(worked)) == 32  # a draw each
+            # Nobody waited for a slot: all 32 ran together, done in about the longest draw.
+            assert max(body["queued_seconds"] for _, body, _ in results) < 0.05
+            assert elapsed < max(worked) + 1.0
+            _, stats, _ = await get_json(session, f"{served.url}/admin/stats")
+            assert (stats["served"], stats["busy"], stats["queued"]) == (32, 0, 0)
+            assert stats["capacity_rps"] == pytest.approx(160.0)
+
+
+def serve_demo_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``loadshed serve-demo ARGS`` that is expected to exit (a bad flag)."""
+    command = [sys.executable, "-m", "loadshed.cli", "serve-demo", "--port", "0", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["--model", "origin", "--service-dist", "gamma"],
+            "Error: --service-dist: got 'gamma', allowed: constant|exponential|lognormal",
+        ),
+        (
+            ["--model", "origin", "--service-dist", "lognormal", "--sigma", "0"],
+            "Error: --sigma: must be a number > 0, got 0.0",
+        ),
+        (
+            ["--model", "origin", "--service-dist", "exponential", "--sigma", "1"],
+            "Error: --sigma: applies to --service-dist lognormal only",
+        ),
+        (
+            ["--model", "hashburn", "--service-dist", "exponential"],
+            "Error: --service-dist: applies to origin only",
+        ),
+        (["--model", "digits", "--seed", "3"], "Error: --seed: applies to origin only"),
+    ],
+)
+def test_serve_demo_bad_service_dist_flags_are_one_line(args: list[str], line: str) -> None:
+    result = serve_demo_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert [x for x in result.stderr.splitlines() if x.startswith("Error:")] == [line]
+    assert "Traceback" not in result.stderr
+
+
+@contextlib.contextmanager
+def serve_demo_running(*args: str) -> Iterator[str]:
+    """Run ``loadshed serve-demo --port 0 ARGS``; yield its URL once printed; stop it after."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "loadshed.cli", "serve-demo", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 20.0)
+        banner = process.stdout.readline().decode() if ready else ""
+        match = re.search(r"http://127\.0\.0\.1:(\d+)", banner)
+        assert match is not None, f"no URL printed: {banner!r}"
+        yield f"http://127.0.0.1:{match.group(1)}"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
+        errors = process.stderr.read().decode()
+        process.stderr.close()
+    assert "Traceback" not in errors, errors
+
+
+async def test_serve_demo_origin_with_service_dist_and_seed() -> None:
+    args = ["--model", "origin", "--protect", "none", "--workers", "4", "--service-time", "0.01"]
+    args += ["--service-dist", "LogNormal", "--sigma", "0.8", "--seed", "9"]
+    draws = random.Random(9)
+    mu = math.log(0.01) - 0.8**2 / 2
+    expected = [round(draws.lognormvariate(mu, 0.8), 6) for _ in range(5)]
+    with serve_demo_running(*args) as url:
+        assert await work_sequentially(url, 5) == expected
+        async with client() as session:
+            _, stats, _ = await get_json(session, f"{url}/admin/stats")
+    assert (stats["workers"], stats["service_dist"], stats["sigma"]) == (4, "lognormal", 0.8)
+
+
 # --------------------------------------------------------------------------- settings
 
 
@@ -277,6 +429,9 @@ async def test_origin_queued_request_cancelled_frees_nothing_it_did_not_hold() -
         ("origin", {"workers": 0}, "workers"),
         ("origin", {"queue": -1}, "queue"),
         ("origin", {"service_time": float("inf")}, "service_time"),
+        ("origin", {"service_dist": "gamma"}, "service_dist"),
+        ("origin", {"service_dist": "lognormal", "sigma": -1.0}, "sigma"),
+        ("origin", {"seed": "x"}, "seed"),
         ("digits", {"workers": 0}, "workers"),
         ("digits", {"mp_context": "thread"}, "mp_context"),
         ("digits", {"job_timeout": -1.0}, "job_timeout"),
