@@ -37,6 +37,7 @@ HOT_PATH = (
     "limits/vegas.py",
     "limits/gradient.py",
     "limits/gradient2.py",
+    "limits/workers.py",
 )
 """Modules compiled, relative to src/loadshed (everything else stays pure Python)."""
 

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,6 +23,7 @@ from loadshed.asgi import LoadShedMiddleware
 from loadshed.errors import ConfigError
 from loadshed.limiter import Limiter
 from loadshed.limits.fixed import Fixed
+from loadshed.runner import ModelRunner
 from loadshed.testing import serve
 
 
@@ -410,3 +415,89 @@ async def test_a_client_leaving_an_app_that_polled_receive_is_still_seen() -> No
             running.cancel()
         await until_idle(limiter)
     assert limiter.snapshot().counts["dropped"] == 1
+
+
+# --------------------------------------------------------------------------- runner=
+
+
+def _model(seconds: float) -> int:
+    """Runner job: a 'prediction' that holds its worker for ``seconds``."""
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def _slow_while_marked(marker: str) -> None:
+    if os.path.exists(marker):
+        time.sleep(0.6)
+
+
+def runner_app(runner: ModelRunner[int], idle_at_entry: list[int]) -> Starlette:
+    async def predict(request: Request) -> Response:
+        idle_at_entry.append(runner.idle)  # admitted: a worker must be free for it
+        pid = await runner.run(float(request.query_params.get("s", "0.2")))
+        return JSONResponse({"pid": pid})
+
+    return Starlette(routes=[Route("/predict", predict)])
+
+
+async def test_runner_worker_count_is_the_limit_behind_a_real_server(tmp_path: Path) -> None:
+    """LoadShedMiddleware(app, runner=runner) behind uvicorn: 6 concurrent requests to 2
+    workers run 2 at a time and wait in the limiter's queue, never in the runner; a worker
+    killed from outside takes the limit to 1 until its replacement is ready."""
+    marker = tmp_path / "slow"
+    runner: ModelRunner[int] = ModelRunner(
+        _model,
+        workers=2,
+        initializer=_slow_while_marked,
+        initargs=(str(marker),),
+        mp_context="fork",
+    )
+    idle_at_entry: list[int] = []
+    app = LoadShedMiddleware(
+        runner_app(runner, idle_at_entry), runner=runner, limiter_options={"max_queue_wait": 10}
+    )
+    assert app.limiter.limit == 2
+    with serve(app) as url:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{url}/predict?s=0") as resp:  # starts the runner
+                assert resp.status == 200
+            idle_at_entry.clear()
+
+            async def predict() -> tuple[int, str]:
+                async with session.get(f"{url}/predict?s=0.2") as resp:
+                    await resp.read()
+                    return resp.status, resp.headers["Server-Timing"]
+
+            answers = await asyncio.gather(*(predict() for _ in range(6)))
+            assert [status for status, _ in answers] == [200] * 6
+            queued = [t for _, t in answers if not t.startswith("queue;dur=0.")]
+            assert len(queued) >= 3  # waited in the limiter (in rounds of 2)
+            assert min(idle_at_entry) >= 1  # ...and never inside the runner
+
+            marker.touch()
+            os.kill(runner.pids()[0], signal.SIGKILL)
+            for _ in range(200):
+                if app.limiter.limit == 1:
+                    break
+                await asyncio.sleep(0.005)
+            assert app.limiter.limit == 1
+            idle_at_entry.clear()
+            answers = await asyncio.gather(*(predict() for _ in range(3)))
+            assert [status for status, _ in answers] == [200] * 3
+            assert min(idle_at_entry) >= 1
+            for _ in range(400):
+                if app.limiter.limit == 2:
+                    break
+                await asyncio.sleep(0.005)
+            assert app.limiter.limit == 2
+        snapshot = app.limiter.snapshot()
+        assert snapshot.algorithm == "workers(2 of 2)"
+        assert snapshot.counts["success"] == 10
+
+
+def test_runner_with_a_limit_or_a_limiter_is_a_config_error() -> None:
+    runner: ModelRunner[int] = ModelRunner(_model, workers=2)
+    with pytest.raises(ConfigError, match=r"^runner: .*not both"):
+        LoadShedMiddleware(build_app(Gate()), limit="fixed:2", runner=runner)
+    with pytest.raises(ConfigError, match=r"^runner: give runner= to the Limiter"):
+        LoadShedMiddleware(build_app(Gate()), limiter=Limiter(Fixed(2)), runner=runner)

@@ -4,12 +4,18 @@ with generous bounds."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from loadshed.errors import Outcome, Priority, Rejected, RejectReason
+from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limiter import Limiter
 from loadshed.limits.fixed import Fixed
+from loadshed.runner import ModelRunner
 
 
 async def test_context_manager_records_success_and_frees_the_slot() -> None:
@@ -122,3 +128,78 @@ def test_enter_without_a_running_loop_leaves_nothing_queued() -> None:
     assert limiter.queue_length == 0
     held.release()  # nothing left to grant: no error, nothing in flight
     assert limiter.inflight == 0
+
+
+# --------------------------------------------------------------------------- runner=
+
+
+def _replacement_is_slow(marker: str) -> None:
+    """Runner initializer: slow (0.6 s) while ``marker`` exists, so a replaced worker
+    stays gone long enough to be seen."""
+    if os.path.exists(marker):
+        time.sleep(0.6)
+
+
+def _sleep(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+async def test_runner_live_worker_count_is_the_limit_through_a_real_crash(
+    tmp_path: Path,
+) -> None:
+    """Kill a worker process: the limit drops at once, a request queues behind the one
+    running although a slot was configured for it, and it is granted as soon as the
+    replacement is ready, with no token released."""
+    marker = tmp_path / "slow"
+    async with ModelRunner(
+        _sleep,
+        workers=2,
+        initializer=_replacement_is_slow,
+        initargs=(str(marker),),
+        mp_context="fork",
+    ) as runner:
+        limiter = Limiter(runner=runner, max_queue_wait=10.0)
+        assert limiter.limit == 2
+        assert limiter.snapshot().algorithm == "workers(2 of 2)"
+        marker.touch()
+        os.kill(runner.pids()[0], signal.SIGKILL)
+        await _until(lambda: limiter.limit == 1)
+        held = await limiter.acquire()
+        waiting = asyncio.create_task(limiter._acquire(Priority.DEFAULT, None))
+        await asyncio.sleep(0.1)
+        assert not waiting.done() and limiter.queue_length == 1
+        granted = await asyncio.wait_for(waiting, 5.0)  # the replacement is ready
+        assert limiter.limit == 2 and runner.live_workers == 2
+        assert not held.released and limiter.inflight == 2
+        # Both granted requests find a worker each: none waits inside the runner.
+        pids = await asyncio.gather(runner.run(0.05), runner.run(0.05))
+        assert len(set(pids)) == 2 and runner.stats().crashed == 0
+        held.release(Outcome.SUCCESS)
+        granted.release(Outcome.SUCCESS)
+        # Every worker gone: the limit is 0 and a request waits for one in the queue.
+        for pid in runner.pids():
+            os.kill(pid, signal.SIGKILL)
+        await _until(lambda: limiter.limit == 0)
+        token = await asyncio.wait_for(limiter.acquire(), 5.0)
+        assert runner.live_workers >= 1
+        token.release(Outcome.SUCCESS)
+    assert limiter.limit == 0  # closed
+
+
+def test_runner_and_an_explicit_limit_are_a_config_error() -> None:
+    runner: ModelRunner[int] = ModelRunner(_sleep, workers=2)
+    with pytest.raises(ConfigError, match=r"^runner: .*not both \(got limit='aimd'\)"):
+        Limiter("aimd", runner=runner)
+    with pytest.raises(ConfigError, match=r"^runner: expected a ModelRunner"):
+        Limiter(runner=object())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^limit: 'workers' .* pass runner="):
+        Limiter("workers")
+    assert Limiter(runner=runner).limit == 2  # not started yet: run() would start it

@@ -34,7 +34,7 @@ from typing import Any, Final
 from loadshed.admission import Token
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
-from loadshed.limiter import Limiter, Waiting
+from loadshed.limiter import Limiter, Waiting, WorkerPool
 from loadshed.limits.base import LimitAlgorithm
 from loadshed.metrics import LoadshedMetrics
 
@@ -63,9 +63,12 @@ class LoadShedMiddleware:
 
     Parameters:
         app: the ASGI app to protect.
-        limit: algorithm or spec for the default limiter (``little`` by default);
+        limit: algorithm or spec for the default limiter (None: ``little``);
             ignored when ``limiter`` is given.
         limiter: a ready :class:`Limiter` to use for every protected route.
+        runner: a :class:`~loadshed.runner.ModelRunner` whose live worker count is
+            the default limiter's limit (``Limiter(runner=...)``); not with ``limit``
+            or ``limiter``. Routes given their own limiter in ``routes`` do not use it.
         routes: path prefix -> limiter (or a limit spec) for routes with their own
             limiter; the longest matching prefix wins.
         exclude: path prefixes that are never limited (health checks, metrics), or
@@ -94,9 +97,10 @@ class LoadShedMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        limit: LimitAlgorithm | str | int = "little",
+        limit: LimitAlgorithm | str | int | None = None,
         *,
         limiter: Limiter | None = None,
+        runner: WorkerPool | None = None,
         routes: Mapping[str, Limiter | LimitAlgorithm | str | int] | None = None,
         exclude: Iterable[str] | Callable[[Scope], bool] = ("/health", "/metrics"),
         select: RouteSelector | None = None,
@@ -123,8 +127,10 @@ class LoadShedMiddleware:
         if default_timeout is not None and default_timeout <= 0:
             raise ConfigError("default_timeout", f"must be > 0 seconds, got {default_timeout}")
         options = dict(limiter_options or {})
+        if runner is not None and limiter is not None:
+            raise ConfigError("runner", "give runner= to the Limiter you pass as limiter=")
         self.app = app
-        self.limiter = limiter if limiter is not None else Limiter(limit, **options)
+        self.limiter = limiter if limiter is not None else Limiter(limit, runner=runner, **options)
         self.routes: list[tuple[str, Limiter]] = sorted(
             (
                 (

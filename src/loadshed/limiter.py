@@ -12,16 +12,34 @@ nothing it did not hold.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from loadshed.admission import Admission, LimiterListener, LimiterSnapshot, Ticket, Token
 from loadshed.clock import MONOTONIC, Clock
-from loadshed.errors import Outcome, Priority, Rejected, RejectReason
+from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limits.base import LimitAlgorithm
+from loadshed.limits.workers import WorkerCount
 
-__all__ = ["Limiter", "Token", "Waiting"]
+__all__ = ["Limiter", "Token", "Waiting", "WorkerPool"]
+
+
+class WorkerPool(Protocol):
+    """What ``Limiter(runner=...)`` needs of a runner (:class:`~loadshed.runner.ModelRunner`
+    has it): its configured and live worker counts, and a callback when the live count
+    changes."""
+
+    @property
+    def workers(self) -> int:
+        """Configured number of workers."""
+
+    @property
+    def live_workers(self) -> int:
+        """Workers able to take a job now (idle or busy)."""
+
+    def add_workers_listener(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(live_workers)`` whenever the live count changes."""
 
 
 class Limiter:
@@ -29,14 +47,21 @@ class Limiter:
 
     ``limit`` is a limit algorithm, a spec understood by
     :func:`loadshed.limits.make_limit` (``little``, ``aimd``, ``vegas``,
-    ``gradient2``, ``gradient``, ``fixed:N``) or an int (a fixed limit). The keyword
-    arguments configure the :class:`Admission` core (queue bound, queue wait,
-    discipline, reserved shares...).
+    ``gradient2``, ``gradient``, ``fixed:N``) or an int (a fixed limit); None (the
+    default) means ``little``. The keyword arguments configure the :class:`Admission`
+    core (queue bound, queue wait, discipline, reserved shares...).
+
+    ``runner`` (a :class:`~loadshed.runner.ModelRunner`, or anything with its
+    :class:`WorkerPool` members) makes the runner's live worker count the limit
+    (:class:`~loadshed.limits.workers.WorkerCount`): a worker that crashed counts as
+    gone until its replacement is ready, and queued requests are granted as soon as it
+    is. The queue in front stays bounded and deadline-aware. Giving ``limit`` as well is
+    a :class:`ConfigError`.
     """
 
     def __init__(
         self,
-        limit: LimitAlgorithm | str | int = "little",
+        limit: LimitAlgorithm | str | int | None = None,
         *,
         name: str = "default",
         clock: Clock = MONOTONIC,
@@ -46,11 +71,24 @@ class Limiter:
         reserved: Mapping[Priority, float] | None = None,
         initial_service_time: float | None = None,
         learn_patience: bool = True,
+        runner: WorkerPool | None = None,
     ) -> None:
         from loadshed.limits import make_limit
 
+        algorithm: LimitAlgorithm
+        self._worker_count: WorkerCount | None = None
+        if runner is not None:
+            if limit is not None:
+                raise ConfigError(
+                    "runner",
+                    f"sets the limit (the runner's live worker count); give runner= or "
+                    f"limit=, not both (got limit={limit!r})",
+                )
+            algorithm = self._worker_count = _worker_count_of(runner)
+        else:
+            algorithm = make_limit("little" if limit is None else limit)
         self.admission = Admission(
-            make_limit(limit),
+            algorithm,
             clock,
             name=name,
             max_queue=max_queue,
@@ -63,6 +101,14 @@ class Limiter:
         self.clock = clock
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
+        if runner is not None:
+            runner.add_workers_listener(self._workers_changed)
+
+    def _workers_changed(self, live: int) -> None:
+        """The runner's live worker count changed: follow it, grant waiters if it rose."""
+        worker_count = self._worker_count
+        if worker_count is not None and worker_count.refresh() > self.admission.inflight:
+            self.admission.limit_changed()
 
     # Read-only views of the core's state.
     @property
@@ -181,6 +227,16 @@ class Limiter:
         self._timer_at = float("inf")
         self.admission.expire()
         self._arm_timer(loop)
+
+
+def _worker_count_of(runner: WorkerPool) -> WorkerCount:
+    """The limit of ``Limiter(runner=...)``: the runner's live worker count."""
+    for member in ("workers", "live_workers", "add_workers_listener"):
+        if not hasattr(runner, member):
+            raise ConfigError(
+                "runner", f"expected a ModelRunner (with {member}), got {type(runner).__name__}"
+            )
+    return WorkerCount(lambda: runner.live_workers, max_limit=runner.workers)
 
 
 def _not_set(_: object) -> None:

@@ -4,6 +4,8 @@
 ``gradient2``, ``gradient``, ``fixed:N``), an int (a fixed limit), or returns a
 :class:`LimitAlgorithm` instance unchanged. Named algorithms get loadshed's defaults
 for model endpoints; each peer class also has ``published()`` with the peer's own.
+:class:`WorkerCount` (a runner's live worker count) has no name: it is built by
+``Limiter(runner=...)``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from loadshed.limits.gradient import Gradient
 from loadshed.limits.gradient2 import Gradient2
 from loadshed.limits.little import Little
 from loadshed.limits.vegas import Vegas
+from loadshed.limits.workers import WorkerCount
 
 __all__ = [
     "AIMD",
@@ -31,6 +34,7 @@ __all__ = [
     "Sample",
     "Vegas",
     "Windowed",
+    "WorkerCount",
     "check_bounds",
     "make_limit",
 ]
@@ -87,4 +91,10 @@ def make_limit(spec: str | int | LimitAlgorithm) -> LimitAlgorithm:
         raise ConfigError("limit", f"fixed:N needs an integer N >= 1, got {spec!r}; {_ALLOWED}")
     if _DIGITS.fullmatch(text):
         return _fixed(int(text), spec)
+    if text == "workers":
+        raise ConfigError(
+            "limit",
+            "'workers' follows a ModelRunner's live worker count: pass runner= to "
+            "Limiter or LoadShedMiddleware instead of a limit",
+        )
     raise ConfigError("limit", f"unknown limit {spec!r}; {_ALLOWED}")
