@@ -76,7 +76,8 @@ class ProxyMetrics(Collector):
 
     - ``loadshed_proxy_upstream_responses_total{upstream,code}``: answers by status;
     - ``loadshed_proxy_upstream_faults_total{upstream,fault}``: refused, reset,
-      connect_timeout, timeout, protocol;
+      connect_timeout, timeout, protocol, and proxy_resources (the proxy ran out of
+      descriptors for the connection: its own fault, not the upstream's);
     - ``loadshed_proxy_upstream_up{upstream}``: 1 live, 0 marked down.
     """
 
@@ -265,6 +266,7 @@ class ProxyApp:
         )  # fmt: skip
         self._connections_per_upstream = make_limit(config.limit).max_limit
         self._urls: dict[tuple[str, bytes, bytes], URL] = {}
+        self._exhaustion_logged = -math.inf
 
     # ----------------------------------------------------------- lifecycle
 
@@ -424,7 +426,8 @@ class ProxyApp:
                 self._fault(upstream, token, fault)
                 if not (exchange.answered or exchange.client_gone):
                     watch.stop()
-                    await _send_error(send, fault.status, fault_body(fault))
+                    retry_after = 1.0 if fault is UpstreamFault.PROXY_RESOURCES else None
+                    await _send_error(send, fault.status, fault_body(fault), retry_after)
                 return
             # The deadline bounds the wait for headers, not a stream's length.
             exchange.headers_received = True
@@ -510,6 +513,16 @@ class ProxyApp:
 
     def _fault(self, upstream: Upstream, token: Token | None, fault: UpstreamFault) -> None:
         self.proxy_metrics.faults.labels(upstream.name, fault.value).inc()
+        if fault is UpstreamFault.PROXY_RESOURCES:
+            # The proxy's own shortage says nothing about the upstream: not a failed
+            # connection (never marks it down), not a sample for its limit.
+            now = upstream.limiter.clock.now()
+            if now - self._exhaustion_logged >= 1.0:  # once a second at most: it comes in floods
+                self._exhaustion_logged = now
+                logger.warning("no descriptors or buffers for a connection to %s", upstream.name)
+            if token is not None:
+                token.ignored()
+            return
         if fault.connection_failure:
             self.pool.connection_failed(upstream)
         if token is not None:

@@ -3,9 +3,11 @@
     loadshed proxy --upstream http://127.0.0.1:8000 --listen 127.0.0.1:9000 \\
         --limit little --deadline 2.5s --metrics-port 9100
 
-Runs uvicorn (uvloop, httptools with bounded request heads) on ``--listen`` and,
-with ``--metrics-port``, a Prometheus endpoint (``/metrics``) and ``/health`` on a
-second port in the same process. Bad flags exit 2 with one line naming the flag.
+Runs uvicorn (uvloop, httptools with bounded request heads, a header timeout and a
+bound on open connections: :func:`~loadshed.proxy.security.bounded_protocol`) on
+``--listen`` and, with ``--metrics-port``, a Prometheus endpoint (``/metrics``) and
+``/health`` on a second port in the same process. Bad flags exit 2 with one line
+naming the flag; so do listeners that cannot be bound (:mod:`loadshed.proxy.listen`).
 """
 
 from __future__ import annotations
@@ -38,7 +40,14 @@ def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Co
     options: dict[str, Any] = {
         "host": config.host,
         "port": config.port,
-        "http": bounded_protocol(config.max_request_line, config.max_header_bytes),
+        "http": bounded_protocol(
+            config.max_request_line,
+            config.max_header_bytes,
+            max_headers=config.max_headers,
+            header_timeout=config.header_timeout,
+            max_connections=config.max_connections,
+        ),
+        "ws": "none",  # websockets are not proxied
         "loop": "uvloop",
         "lifespan": "on",
         "server_header": False,  # the upstream's Server and Date pass through
@@ -206,6 +215,27 @@ def _to_config(**values: Any) -> ProxyConfig:
     default=65536,
     show_default=True,
     help="Largest request header block, bytes (431 beyond).",
+)
+@click.option(
+    "--max-headers",
+    type=int,
+    default=100,
+    show_default=True,
+    help="Most request headers (431 beyond).",
+)
+@click.option(
+    "--header-timeout",
+    type=DURATION,
+    default="10s",
+    show_default=True,
+    help="Longest time to receive a complete request head (408 and closed beyond).",
+)
+@click.option(
+    "--max-connections",
+    type=int,
+    default=None,
+    help="Most open client connections (default: (ulimit -n - 64) / 2); beyond it the "
+    "oldest idle one is closed, or 503 when none is idle.",
 )
 @click.option(
     "--max-body-bytes",

@@ -101,7 +101,14 @@ class ProxyConfig:
     - ``fail_threshold=3`` consecutive connection failures mark an upstream down;
       it is probed with a TCP connect every ``probe_interval`` (1 s).
     - ``max_request_line`` 8 KiB and ``max_header_bytes`` 64 KiB: what nginx and
-      most servers accept; larger get 414 / 431.
+      most servers accept; larger get 414 / 431. ``max_headers`` 100: gunicorn's and
+      Apache's bound on the header count; more get 431.
+    - ``header_timeout`` 10 s to receive a complete request head (408 and the
+      connection closed after it): a slowloris client cannot hold a connection longer.
+    - ``max_connections=None``: open client connections bounded by what the
+      descriptor limit leaves room for, ``(RLIMIT_NOFILE - 64) // 2`` (a proxied
+      request holds two descriptors); at the bound the oldest idle connection is
+      closed, or the new one refused with 503 when none is idle.
     - ``max_body_bytes`` 8 MiB: a queued request's body is buffered (to notice a
       disconnect while it waits), so this bounds memory per queued request.
     - ``hold_abandoned=True``: a request whose client left or whose deadline passed
@@ -125,6 +132,9 @@ class ProxyConfig:
     probe_interval: float = 1.0
     max_request_line: int = 8192
     max_header_bytes: int = 65536
+    max_headers: int = 100
+    header_timeout: float = 10.0
+    max_connections: int | None = None
     max_body_bytes: int = 8 << 20
     reject_status: int = 503
     hold_abandoned: bool = True
@@ -149,6 +159,7 @@ class ProxyConfig:
         _positive(self.connect_timeout, "--connect-timeout", allow_none=False)
         _positive(self.read_timeout, "--read-timeout", allow_none=False)
         _positive(self.probe_interval, "--probe-interval", allow_none=False)
+        _positive(self.header_timeout, "--header-timeout", allow_none=False)
         if self.fail_threshold < 1:
             raise ConfigError(
                 "--fail-threshold", f"must be an integer >= 1, got {self.fail_threshold}"
@@ -156,6 +167,8 @@ class ProxyConfig:
         for flag, value, low in (
             ("--max-request-line", self.max_request_line, 64),
             ("--max-header-bytes", self.max_header_bytes, 256),
+            ("--max-headers", self.max_headers, 1),
+            ("--max-connections", 1 if self.max_connections is None else self.max_connections, 1),
             ("--max-body-bytes", self.max_body_bytes, 0),
         ):
             if value < low:
