@@ -9,6 +9,7 @@ import os
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -173,6 +174,30 @@ async def test_origin_with_workers_and_a_limit_name() -> None:
             assert status == 200 and b"loadshed_limit" in body
 
 
+def _raw(url: str, data: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(data)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                answer += chunk
+    return answer
+
+
+def test_request_heads_are_bounded_like_the_proxys() -> None:
+    """10,000 tiny headers (60 KB, under the byte bound) are refused by their count."""
+    with serve_demo("--model", "origin", "--service-time", "0.01", "--protect", "none") as server:
+        head = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        ok = _raw(server.url, head + b"".join(b"x-%d: y\r\n" % i for i in range(90)) + b"\r\n")
+        assert ok.startswith(b"HTTP/1.1 200 "), ok[:200]
+        many = _raw(server.url, head + b"a: b\r\n" * 10_000 + b"\r\n")
+        assert many.startswith(b"HTTP/1.1 431 "), many[:200]
+        assert b"more than 100 request headers" in many
+        long_target = _raw(server.url, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert long_target.startswith(b"HTTP/1.1 414 "), long_target[:200]
+
+
 @pytest.mark.parametrize(
     ("args", "flag", "allowed"),
     [
@@ -196,8 +221,6 @@ def test_bad_flags_exit_2_naming_the_flag(args: list[str], flag: str, allowed: s
 
 
 def test_port_in_use_is_a_clear_error() -> None:
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -25,7 +25,9 @@ count, ``--workers``: 1 for hashburn and digits unless given, 7 for origin):
   ``fixed:N``): ``LoadShedMiddleware(limit=name)`` with its defaults.
 
 Protected services export Prometheus metrics at ``/metrics``; ``/health`` and ``/metrics`` are
-never limited.
+never limited. Request heads are bounded as ``loadshed proxy`` bounds them: a target over 8 KiB
+gets 414, a header block over 64 KiB or more than 100 headers 431. A taken port or an address
+that is not this machine's is one line naming ``--port`` or ``--host`` (exit 2).
 """
 
 from __future__ import annotations
@@ -181,6 +183,16 @@ def _bind(host: str, port: int) -> socket.socket:
     return bind_listener(host, port, host_flag="--host", port_flag="--port")
 
 
+def _bounded_heads() -> type[Any]:
+    """uvicorn's httptools protocol with the proxy's bounds on request heads: target
+    8 KiB (414), header block 64 KiB and 100 headers (431). No header timeout and no
+    connection bound here: benchmarks drive this server with as many connections as
+    they choose."""
+    from loadshed.proxy.security import bounded_protocol
+
+    return bounded_protocol(header_timeout=None, max_connections=sys.maxsize)
+
+
 @click.command("serve-demo")
 @click.option(
     "--model",
@@ -288,6 +300,7 @@ def serve_demo(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=2,
+        http=_bounded_heads(),
     )
     server = uvicorn.Server(config)
     try:
