@@ -31,6 +31,10 @@ pytestmark = pytest.mark.timeout(30)
         (["--max-queue-wait", "-1s"], "--max-queue-wait", ""),
         (["--fail-threshold", "0"], "--fail-threshold", ">= 1"),
         (["--max-header-bytes", "10"], "--max-header-bytes", ">= 256"),
+        (["--max-headers", "0"], "--max-headers", ">= 1"),
+        (["--max-connections", "0"], "--max-connections", ">= 1"),
+        (["--header-timeout", "0s"], "--header-timeout", "> 0"),
+        (["--header-timeout", "soon"], "--header-timeout", ""),
         (["--reject-status", "500"], "--reject-status", "503"),
     ],
 )
