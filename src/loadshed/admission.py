@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
+from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.clock import Clock, reader
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
@@ -216,21 +217,36 @@ class Admission:
         codel_target: float = 0.005,
         codel_interval: float = 0.1,
     ) -> None:
-        if max_queue < 0:
-            raise ConfigError("max_queue", f"must be >= 0, got {max_queue}")
-        if max_queue_wait is not None and max_queue_wait < 0:
-            raise ConfigError("max_queue_wait", f"must be >= 0 seconds, got {max_queue_wait}")
-        if discipline not in DISCIPLINES:
+        max_queue = check_int("max_queue", max_queue, minimum=0)
+        # math.inf is allowed: no wait bound, the deadline alone ends a wait (AdaptiveClient).
+        max_queue_wait = check_optional_number(
+            "max_queue_wait", max_queue_wait, minimum=0, allow_inf=True, unit="seconds"
+        )
+        initial_service_time = check_optional_number(
+            "initial_service_time", initial_service_time, minimum=0, unit="seconds"
+        )
+        codel_target = check_number(
+            "codel_target", codel_target, minimum=0, min_open=True, unit="seconds"
+        )
+        codel_interval = check_number(
+            "codel_interval", codel_interval, minimum=0, min_open=True, unit="seconds"
+        )
+        if not isinstance(discipline, str) or discipline not in DISCIPLINES:
             raise ConfigError("discipline", f"got {discipline!r}, allowed: {'|'.join(DISCIPLINES)}")
-        if codel_target <= 0 or codel_interval <= 0:
-            raise ConfigError("codel_target", "codel_target and codel_interval must be > 0")
+        if not isinstance(name, str):
+            raise ConfigError("name", f"must be a string, got {type(name).__name__}")
+        if reserved is not None and not isinstance(reserved, Mapping):
+            raise ConfigError(
+                "reserved", f"must be a mapping priority -> share, got {type(reserved).__name__}"
+            )
         self._reserved: dict[Priority, float] = {}
         for priority, share in (reserved or {}).items():
             priority = Priority.parse(priority)
-            if not 0 <= share < 1:
-                raise ConfigError(
-                    "reserved", f"share for {priority} must be in [0, 1), got {share}"
-                )
+            try:
+                share = check_number("share", share, minimum=0, maximum=1, max_open=True)
+            except ConfigError as error:
+                reason = str(error).partition(": ")[2]
+                raise ConfigError("reserved", f"share for {priority} {reason}") from None
             self._reserved[priority] = share
         if sum(self._reserved.values()) >= 1:
             raise ConfigError("reserved", "shares must add up to less than 1")

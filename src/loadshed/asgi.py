@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any, Final
 
 from loadshed.admission import Token
+from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limiter import Limiter, Waiting, WorkerPool
@@ -116,16 +117,26 @@ class LoadShedMiddleware:
         metrics: LoadshedMetrics | None = None,
         metrics_path: str | None = None,
     ) -> None:
-        if reject_status not in _REJECT_STATUSES:
-            raise ConfigError("reject_status", f"got {reject_status}, allowed: 429|503")
-        if max_body_bytes < 0:
-            raise ConfigError("max_body_bytes", f"must be >= 0, got {max_body_bytes}")
-        if not disconnect_watch_after >= 0:
-            raise ConfigError(
-                "disconnect_watch_after", f"must be >= 0 seconds, got {disconnect_watch_after}"
-            )
-        if default_timeout is not None and default_timeout <= 0:
-            raise ConfigError("default_timeout", f"must be > 0 seconds, got {default_timeout}")
+        if (
+            isinstance(reject_status, bool)
+            or not isinstance(reject_status, int)
+            or reject_status not in _REJECT_STATUSES
+        ):
+            raise ConfigError("reject_status", f"got {reject_status!r}, allowed: 429|503")
+        max_body_bytes = check_int("max_body_bytes", max_body_bytes, minimum=0)
+        disconnect_watch_after = check_number(
+            "disconnect_watch_after", disconnect_watch_after, minimum=0, unit="seconds"
+        )
+        default_timeout = check_optional_number(
+            "default_timeout", default_timeout, minimum=0, min_open=True, unit="seconds"
+        )
+        for field, header in (
+            ("deadline_header", deadline_header),
+            ("grpc_timeout_header", grpc_timeout_header),
+            ("priority_header", priority_header),
+        ):
+            if not isinstance(header, str) or not header:
+                raise ConfigError(field, f"must be a header name, got {header!r}")
         options = dict(limiter_options or {})
         if runner is not None and limiter is not None:
             raise ConfigError("runner", "give runner= to the Limiter you pass as limiter=")

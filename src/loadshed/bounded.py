@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Generic, Literal, TypeVar, overload
 
+from loadshed.checks import check_int
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import ConfigError
 from loadshed.limits import make_limit
@@ -83,18 +84,16 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             self._algorithm: LimitAlgorithm | None = concurrency
             self._limit = concurrency.limit
         elif isinstance(concurrency, int) and not isinstance(concurrency, bool):
-            if concurrency < 1:
-                raise ConfigError("concurrency", f"must be >= 1, got {concurrency}")
             self._algorithm = None
-            self._limit = concurrency
+            self._limit = check_int("concurrency", concurrency, minimum=1)
         else:
             raise ConfigError(
                 "concurrency",
                 "must be an int >= 1, a limit name (aimd, vegas, ...) or a LimitAlgorithm, "
                 f"got {type(concurrency).__name__}",
             )
-        if max_held is not None and (not isinstance(max_held, int) or max_held < 1):
-            raise ConfigError("max_held", f"must be an int >= 1, got {max_held!r}")
+        if max_held is not None:
+            max_held = check_int("max_held", max_held, minimum=1)
         self._sync_source: Iterator[Any] | None
         self._async_source: AsyncIterator[Any] | None
         if isinstance(iterable, AsyncIterable):

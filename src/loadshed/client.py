@@ -46,6 +46,7 @@ from hdrh.histogram import HdrHistogram
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from loadshed.bounded import BoundedMap, bounded_map
+from loadshed.checks import check_int, check_optional_number
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import ConfigError, LoadshedError, Priority
 from loadshed.limiter import Limiter
@@ -270,14 +271,25 @@ class AdaptiveClient:
         headers: Mapping[str, str] | None = None,
         name: str = "client",
     ) -> None:
-        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
-            raise ConfigError("timeout", f"must be a finite number of seconds > 0, got {timeout}")
-        if max_attempts < 1:
-            raise ConfigError("max_attempts", f"must be >= 1, got {max_attempts}")
-        statuses = frozenset(retry_statuses)
-        if any(not 400 <= status <= 599 for status in statuses):
+        timeout = check_optional_number(
+            "timeout", timeout, minimum=0, min_open=True, unit="seconds"
+        )
+        max_queue = check_int("max_queue", max_queue, minimum=0)
+        max_attempts = check_int("max_attempts", max_attempts, minimum=1)
+        try:
+            statuses = frozenset(retry_statuses)
+        except TypeError:
             raise ConfigError(
-                "retry_statuses", f"must be HTTP statuses 400-599, got {sorted(statuses)}"
+                "retry_statuses",
+                f"must be an iterable of HTTP statuses 400-599, got {retry_statuses!r}",
+            ) from None
+        if any(
+            isinstance(status, bool) or not isinstance(status, int) or not 400 <= status <= 599
+            for status in statuses
+        ):
+            raise ConfigError(
+                "retry_statuses",
+                f"must be HTTP statuses 400-599, got {sorted(statuses, key=repr)!r}",
             )
         algorithm = default_client_limit() if limit is None else make_limit(limit)
         if session is not None:

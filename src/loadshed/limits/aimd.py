@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from loadshed.errors import ConfigError
+from loadshed.checks import check_number, check_optional_number
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
 
 __all__ = ["AIMD"]
@@ -49,10 +49,12 @@ class AIMD(LimitAlgorithm):
         timeout: float | None = None,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
-        if not 0.5 <= backoff_ratio < 1.0:
-            raise ConfigError("backoff_ratio", f"must be in [0.5, 1.0), got {backoff_ratio}")
-        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
-            raise ConfigError("timeout", f"must be a finite number of seconds > 0, got {timeout}")
+        backoff_ratio = check_number(
+            "backoff_ratio", backoff_ratio, minimum=0.5, maximum=1.0, max_open=True
+        )
+        timeout = check_optional_number(
+            "timeout", timeout, minimum=0, min_open=True, unit="seconds"
+        )
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.backoff_ratio = backoff_ratio

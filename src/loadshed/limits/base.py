@@ -11,6 +11,7 @@ from typing import ClassVar, NamedTuple
 
 from mypy_extensions import mypyc_attr
 
+from loadshed.checks import check_int, check_number
 from loadshed.errors import ConfigError
 
 __all__ = ["LimitAlgorithm", "Sample", "Windowed", "check_bounds"]
@@ -39,15 +40,11 @@ class Sample(NamedTuple):
 
 
 def check_bounds(initial: int, min_limit: int, max_limit: int) -> None:
-    """Validate a limit's bounds; raise :class:`ConfigError` naming the field."""
-    if min_limit < 1:
-        raise ConfigError("min_limit", f"must be >= 1, got {min_limit}")
-    if max_limit < min_limit:
-        raise ConfigError("max_limit", f"must be >= min_limit ({min_limit}), got {max_limit}")
-    if not min_limit <= initial <= max_limit:
-        raise ConfigError(
-            "initial_limit", f"must be within [{min_limit}, {max_limit}], got {initial}"
-        )
+    """Validate a limit's bounds (integers, 1 <= min_limit <= initial <= max_limit);
+    raise :class:`ConfigError` naming the field."""
+    check_int("min_limit", min_limit, minimum=1)
+    check_int("max_limit", max_limit, minimum=min_limit)
+    check_int("initial_limit", initial, minimum=min_limit, maximum=max_limit)
 
 
 # In the compiled build, algorithms written in Python may still subclass this. Not an
@@ -135,10 +132,9 @@ class Windowed(LimitAlgorithm):
         min_samples: int = 10,
         min_rtt: float = 100e-6,
     ) -> None:
-        if window <= 0:
-            raise ConfigError("window", f"must be > 0 seconds, got {window}")
-        if min_samples < 1:
-            raise ConfigError("min_samples", f"must be >= 1, got {min_samples}")
+        window = check_number("window", window, minimum=0, min_open=True, unit="seconds")
+        min_samples = check_int("min_samples", min_samples, minimum=1)
+        min_rtt = check_number("min_rtt", min_rtt, minimum=0, unit="seconds")
         inner.check()
         self.inner = inner
         self.min_limit = inner.min_limit

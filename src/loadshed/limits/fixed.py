@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadshed.errors import ConfigError
+from loadshed.checks import check_int
 from loadshed.limits.base import LimitAlgorithm, Sample
 
 __all__ = ["Fixed"]
@@ -20,8 +20,7 @@ class Fixed(LimitAlgorithm):
     uses_samples = False
 
     def __init__(self, limit: int) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ConfigError("limit", f"fixed limit must be an integer >= 1, got {limit!r}")
+        limit = check_int("limit", limit, minimum=1)
         self._limit = limit
         self.min_limit = limit
         self.max_limit = limit

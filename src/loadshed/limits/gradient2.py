@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from loadshed.errors import ConfigError
+from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
 
 __all__ = ["Gradient2"]
@@ -65,16 +65,13 @@ class Gradient2(LimitAlgorithm):
         drop_backoff: float | None = 0.9,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
-        if not 0.0 < smoothing <= 1.0:
-            raise ConfigError("smoothing", f"must be in (0, 1], got {smoothing}")
-        if not (queue_size >= 0 and math.isfinite(queue_size)):
-            raise ConfigError("queue_size", f"must be a finite number >= 0, got {queue_size}")
-        if long_window < 1:
-            raise ConfigError("long_window", f"must be >= 1 sample, got {long_window}")
-        if not (rtt_tolerance >= 1.0 and math.isfinite(rtt_tolerance)):
-            raise ConfigError("rtt_tolerance", f"must be a finite number >= 1, got {rtt_tolerance}")
-        if drop_backoff is not None and not 0.5 <= drop_backoff < 1.0:
-            raise ConfigError("drop_backoff", f"must be in [0.5, 1.0) or None, got {drop_backoff}")
+        smoothing = check_number("smoothing", smoothing, minimum=0, maximum=1, min_open=True)
+        queue_size = check_number("queue_size", queue_size, minimum=0)
+        long_window = check_int("long_window", long_window, minimum=1)
+        rtt_tolerance = check_number("rtt_tolerance", rtt_tolerance, minimum=1)
+        drop_backoff = check_optional_number(
+            "drop_backoff", drop_backoff, minimum=0.5, maximum=1.0, max_open=True
+        )
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.smoothing = smoothing

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import random
 
-from loadshed.errors import ConfigError
+from loadshed.checks import check_int, check_number
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
 
 __all__ = ["Vegas"]
@@ -71,10 +71,10 @@ class Vegas(LimitAlgorithm):
         seed: int | None = 0,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
-        if not 0.0 < smoothing <= 1.0:
-            raise ConfigError("smoothing", f"must be in (0, 1], got {smoothing}")
-        if probe_multiplier < 1:
-            raise ConfigError("probe_multiplier", f"must be >= 1, got {probe_multiplier}")
+        smoothing = check_number("smoothing", smoothing, minimum=0, maximum=1, min_open=True)
+        probe_multiplier = check_int("probe_multiplier", probe_multiplier, minimum=1)
+        if seed is not None:
+            seed = check_int("seed", seed)
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.smoothing = smoothing
