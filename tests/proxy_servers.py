@@ -21,6 +21,7 @@ import uvicorn
 
 from loadshed.proxy import ProxyApp, ProxyConfig, create_proxy, parse_upstream
 from loadshed.proxy.cli import server_config
+from loadshed.proxy.security import client_connections
 
 
 @contextmanager
@@ -49,7 +50,9 @@ def run_proxy(*upstreams: str, **settings: Any) -> Iterator[tuple[str, ProxyApp]
         upstreams=tuple(parse_upstream(u) for u in upstreams), host="127.0.0.1", port=0, **settings
     )
     app, proxy = create_proxy(config)
-    with serve_config(server_config(app, config)) as url:
+    served = server_config(app, config)
+    proxy.proxy_metrics.connections = client_connections(served.http)
+    with serve_config(served) as url:
         yield url, proxy
 
 

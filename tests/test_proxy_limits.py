@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
+from loadshed.proxy import ProxyApp
 from proxy_servers import (
     Recorder,
     echo_app,
@@ -45,11 +46,21 @@ def _read_until_closed(sock: socket.socket) -> bytes:
     return answer
 
 
+def _closed_counts(proxy: ProxyApp) -> dict[str, float]:
+    """``loadshed_proxy_client_connections_closed_total`` by reason, from the registry."""
+    counts = {}
+    for family in proxy.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "loadshed_proxy_client_connections_closed_total":
+                counts[sample.labels["reason"]] = sample.value
+    return counts
+
+
 def test_a_request_head_not_complete_in_time_gets_408_and_is_closed() -> None:
     recorder = Recorder()
     with (
         serve_asgi(echo_app(recorder)) as upstream,
-        run_proxy(upstream, header_timeout=0.5) as (url, _),
+        run_proxy(upstream, header_timeout=0.5) as (url, proxy),
     ):
         silent = _connect(url)  # connects and never sends a byte
         trickle = _connect(url)  # slowloris: a header byte now and then, never the end
@@ -72,6 +83,7 @@ def test_a_request_head_not_complete_in_time_gets_408_and_is_closed() -> None:
                 sock.sendall(b"GET /again HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
                 time.sleep(0.4)
+        assert _closed_counts(proxy)["head_timeout"] == 2
     assert [r["path"] for r in recorder.requests] == ["/again", "/again"]
 
 
@@ -103,7 +115,7 @@ def test_at_the_connection_bound_the_oldest_idle_connection_makes_room() -> None
     recorder = Recorder()
     with (
         serve_asgi(slow_app(1.0, recorder)) as upstream,
-        run_proxy(upstream, max_connections=4, limit="fixed:8") as (url, _),
+        run_proxy(upstream, max_connections=4, limit="fixed:8") as (url, proxy),
     ):
         idle = [_connect(url) for _ in range(4)]
         time.sleep(0.2)  # accepted
@@ -116,6 +128,7 @@ def test_at_the_connection_bound_the_oldest_idle_connection_makes_room() -> None
         assert idle[0].recv(100) == b""  # closed, without an answer: it had asked nothing
         for sock in idle:
             sock.close()
+        time.sleep(0.2)  # the proxy saw them close
         # Four connections busy with requests: nothing idle to close, the next is refused.
         busy = []
         for _ in range(4):
@@ -132,6 +145,12 @@ def test_at_the_connection_bound_the_oldest_idle_connection_makes_room() -> None
             with sock:
                 assert _read_until_closed(sock).startswith(b"HTTP/1.1 200 ")
         assert requests.get(url + "/after", timeout=5).status_code == 200
+        closed = _closed_counts(proxy)
+    # At least the first idle one; one more if a busy connection arrived before the
+    # proxy saw the other idle ones close.
+    assert closed["evicted"] >= 1
+    assert closed["refused"] == 1
+    assert closed["head_timeout"] == 0
 
 
 # ------------------------------------------------- a child proxy with few descriptors

@@ -35,7 +35,7 @@ from typing import Any
 
 import aiohttp
 from prometheus_client import Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from yarl import URL
 
@@ -51,7 +51,7 @@ from loadshed.proxy.config import ProxyConfig
 from loadshed.proxy.errors import UpstreamFault, classify, error_body, fault_body
 from loadshed.proxy.headers import request_headers, response_headers
 from loadshed.proxy.pool import Upstream, UpstreamPool
-from loadshed.proxy.security import is_origin_form, safe_path
+from loadshed.proxy.security import ClientConnections, is_origin_form, safe_path
 
 __all__ = ["ProxyApp", "ProxyMetrics", "create_proxy"]
 
@@ -78,8 +78,15 @@ class ProxyMetrics(Collector):
     - ``loadshed_proxy_upstream_faults_total{upstream,fault}``: refused, reset,
       connect_timeout, timeout, protocol, and proxy_resources (the proxy ran out of
       descriptors for the connection: its own fault, not the upstream's);
-    - ``loadshed_proxy_upstream_up{upstream}``: 1 live, 0 marked down.
+    - ``loadshed_proxy_upstream_up{upstream}``: 1 live, 0 marked down;
+    - with :attr:`connections` set (the CLI sets it): ``loadshed_proxy_client_connections``
+      (open now) and ``loadshed_proxy_client_connections_closed_total{reason}``:
+      ``evicted`` (an idle one closed to make room at ``--max-connections``),
+      ``refused`` (503, none idle) and ``head_timeout`` (408, ``--header-timeout``).
     """
+
+    connections: ClientConnections | None = None
+    """The served protocol's connection bound, when known."""
 
     def __init__(self, metrics: LoadshedMetrics, pool: UpstreamPool) -> None:
         self.pool = pool
@@ -113,7 +120,27 @@ class ProxyMetrics(Collector):
         )  # fmt: skip
         for upstream in self.pool.upstreams:
             up.add_metric([upstream.name], 1.0 if upstream.up else 0.0)
-        return [up]
+        families: list[Metric] = [up]
+        connections = self.connections
+        if connections is not None:
+            families.append(
+                GaugeMetricFamily(
+                    "loadshed_proxy_client_connections",
+                    "Open client connections.",
+                    value=float(len(connections.open)),
+                )
+            )
+            closed = CounterMetricFamily(
+                "loadshed_proxy_client_connections_closed",
+                "Client connections the proxy closed: evicted (idle, to make room), "
+                "refused (503, none idle), head_timeout (408).",
+                labels=["reason"],
+            )
+            closed.add_metric(["evicted"], float(connections.evicted))
+            closed.add_metric(["refused"], float(connections.refused))
+            closed.add_metric(["head_timeout"], float(connections.timed_out))
+            families.append(closed)
+        return families
 
 
 class _Exchange:

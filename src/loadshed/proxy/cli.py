@@ -27,7 +27,7 @@ from loadshed.clickutil import OneLineCommand
 from loadshed.proxy.app import ProxyApp, create_proxy
 from loadshed.proxy.config import ProxyConfig, parse_listen, parse_upstream
 from loadshed.proxy.listen import bind_listener
-from loadshed.proxy.security import bounded_protocol
+from loadshed.proxy.security import bounded_protocol, client_connections
 from loadshed.units import DURATION
 
 __all__ = ["proxy", "server_config"]
@@ -93,7 +93,9 @@ async def _run(
     config: ProxyConfig, sock: socket.socket, metrics_sock: socket.socket | None
 ) -> None:
     app, proxy = create_proxy(config)
-    server = uvicorn.Server(server_config(app, config))
+    served = server_config(app, config)
+    proxy.proxy_metrics.connections = client_connections(served.http)
+    server = uvicorn.Server(served)
     metrics_runner: web.AppRunner | None = None
     try:
         if metrics_sock is not None:

@@ -30,7 +30,14 @@ from urllib.parse import unquote_to_bytes
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["bounded_protocol", "default_max_connections", "is_origin_form", "safe_path"]
+__all__ = [
+    "ClientConnections",
+    "bounded_protocol",
+    "client_connections",
+    "default_max_connections",
+    "is_origin_form",
+    "safe_path",
+]
 
 
 def is_origin_form(scope: dict[str, Any] | Any) -> bool:
@@ -111,8 +118,12 @@ def default_max_connections() -> int:
     return max(16, (soft - _RESERVED_DESCRIPTORS) // 2)
 
 
-class _Connections:
+class ClientConnections:
     """One server's open client connections, and the idle ones among them, oldest first.
+
+    ``evicted``, ``refused`` and ``timed_out`` count connections closed to make room,
+    refused with 503, and answered 408 (head not complete in time); the proxy exports
+    them as metrics.
 
     A connection is idle while it reads a request head or waits for the next request
     on a kept-alive connection: closing it loses no work. When a new connection would
@@ -168,7 +179,7 @@ class _BoundedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = 65536
     max_headers = 100
     header_timeout: float | None = 10.0
-    connections_bound: _Connections | None = None  # one per server: see bounded_protocol
+    connections_bound: ClientConnections | None = None  # one per server: see bounded_protocol
     _head_error: _HeadTooLarge | None = None
     _header_bytes = 0
     _header_count = 0
@@ -339,7 +350,7 @@ def bounded_protocol(
     ``header_timeout`` seconds from the connection's start, or from the first byte of a
     later request on a kept-alive connection, to the end of the head (408 and the
     connection closed). Open connections are bounded by ``max_connections``
-    (default :func:`default_max_connections`; see :class:`_Connections`). Build one
+    (default :func:`default_max_connections`; see :class:`ClientConnections`). Build one
     class per server: the connection bound is the class's.
     """
 
@@ -351,5 +362,12 @@ def bounded_protocol(
     BoundedHttpToolsProtocol.max_headers = max_headers
     BoundedHttpToolsProtocol.header_timeout = header_timeout
     limit = default_max_connections() if max_connections is None else max_connections
-    BoundedHttpToolsProtocol.connections_bound = _Connections(limit)
+    BoundedHttpToolsProtocol.connections_bound = ClientConnections(limit)
     return BoundedHttpToolsProtocol
+
+
+def client_connections(protocol: type[Any] | str) -> ClientConnections | None:
+    """The connection bound of a protocol class from :func:`bounded_protocol` (None for
+    any other ``http=`` setting)."""
+    bound = getattr(protocol, "connections_bound", None)
+    return bound if isinstance(bound, ClientConnections) else None
