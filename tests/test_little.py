@@ -160,3 +160,49 @@ def test_latencies_near_zero_never_overflow_the_estimate() -> None:
     ] * 20:
         limit = little.update(Sample(rtt=rtt, inflight=inflight, dropped=dropped, now=now))
         assert isinstance(limit, int) and little.min_limit <= limit <= little.max_limit
+
+
+def test_a_limit_whose_admitted_requests_are_mostly_dropped_comes_down_and_stays_down() -> None:
+    # Settled at 8 on an 8-worker origin; then most requests end dropped (their
+    # clients left) while latency and rate look as before: the estimates still say
+    # 8, yet the limit must come down within a few rounds and not climb back while
+    # most of what it admits is computed for nobody.
+    little = Little()
+    feed_fifo_origin(little, workers=8, service=0.1, seconds=30)
+    start = little.limit
+    assert 7 <= start <= 9 and little.estimate() >= 7
+    now = 30.0
+    limits = []
+    for i in range(400):  # 5 s at 80 completions a second
+        now += 0.0125
+        dropped = i % 4 != 0  # three in four dropped
+        inflight = min(8, little.limit)
+        little.update(Sample(rtt=0.1, inflight=inflight, dropped=dropped, now=now, queued=5))
+        limits.append(little.limit)
+    assert min(limits[:40]) < start  # down within half a second (a few rounds)
+    assert max(limits[200:]) < start - 1  # and held down
+
+
+def test_requests_served_after_their_deadline_still_measure_the_service() -> None:
+    # 32 workers, exponential service, deadlines of 3 mean service times: the
+    # requests that beat the deadline are the short ones, so means over successes
+    # alone read the service ~25 % short and ratchet the limit down round after
+    # round (it ended at 6 to 18 slots and 0.45 of capacity). The late requests'
+    # latencies count too.
+    result = run_capacity_change(
+        limiter=LimiterConfig("little"),
+        workers=32,
+        service_time=0.2,
+        change_to=0.2,
+        dist="exponential",
+        rate=240.0,
+        arrivals="poisson",
+        client_workers=0,
+        timeout=0.6,
+        origin_queue=None,
+        duration=48.0,
+        seed=1,
+    )
+    after = result["steps"][1]
+    assert after["mean_limit"] >= 28
+    assert after["goodput_ratio"] >= 0.75

@@ -110,6 +110,7 @@ _VARIABLE_SLOWER = 2.0  # a drain's mean over this x the unqueued mean: slower s
 _VARIABLE_DROPS = 0.1  # share of a round's requests dropped that means overload
 _VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are judged by it
 _LEVEL_MEMORY = 256.0  # requests: a level's mean weighs at most this many
+_LATE_SERVED = 0.5  # a drop this long (x the mean) was served late: its latency counts
 _LEVEL_RISE = 1.1  # a level this much slower than those below it (and significantly) queued
 
 
@@ -284,17 +285,22 @@ class Little(LimitAlgorithm):
         in_round = now - rtt > self._round_start
         if sample.queued > 0:
             self._round_saturated = True  # demand beyond the limit right now
-        if sample.dropped:
-            if in_round and sample.inflight <= self._limit:
-                self._round_drops += 1
-        else:
+        dropped = sample.dropped
+        if dropped and in_round and sample.inflight <= self._limit:
+            self._round_drops += 1
+        # A request dropped after holding its slot about as long as a service (served
+        # after its client left or its deadline passed) measured a worker's time:
+        # means without it keep only the requests short enough to beat the timeout,
+        # a bias that would ratchet the limit down round after round. A fast failure
+        # (an upstream's 503) measured nothing.
+        if not dropped or (self._variable and rtt >= _LATE_SERVED * self._latency_mean):
             # Any request's delivery rate is a lower bound on capacity, whenever it
             # was admitted (the filter takes them all); judging this round's limit
             # (probe, drain) takes only the requests admitted under it.
             count = self._completions_during(now, rtt)
             # A latency under a microsecond is timer noise: never divide by less.
             rate = count / max(rtt, _MIN_INTERVAL) if rtt > 0 else 0.0
-            if rate > self._round_rate:
+            if rate > self._round_rate and not dropped:
                 self._round_rate = rate
             if rtt > self._cut_threshold and self._limit > self._cut_above:
                 self._cut_if_queued()
@@ -317,7 +323,7 @@ class Little(LimitAlgorithm):
                 difference = rtt - last
                 level[2] += difference * difference  # (** overflows on huge floats)
                 level[3] += 1.0
-            if in_round:
+            if in_round and not dropped:
                 self._round_successes += 1
                 if rtt < self._round_latency:
                     self._round_latency = rtt
@@ -468,8 +474,12 @@ class Little(LimitAlgorithm):
             # One slow request is the service's tail, not a queue: rounds judge.
             self._cut_threshold = math.inf
 
-        if drops and not successes:
-            # Only drops: back off, at once down to the estimate if it is known.
+        if drops > successes:
+            # Most of what this limit admitted was computed for nobody: back off,
+            # at once down to the estimate if it is known, whatever the estimate
+            # says: a latency that includes a queue the limit made would ratify it
+            # (rate x queued latency = the limit). The backed-off limit holds as a
+            # ceiling until a probe shows more throughput from more slots.
             backed_off = math.floor(self._limit * self.backoff)
             if bdp > 0:
                 backed_off = min(backed_off, self._base(bdp))
@@ -477,6 +487,10 @@ class Little(LimitAlgorithm):
                     self._state = _State.CRUISE
                     self._cruise_rounds = 0
             self._limit = self._clamp(backed_off)
+            if successes:
+                # (A round of only drops is a capacity change's transient: the
+                # clients' patience not yet learned; no ceiling from it.)
+                self._ceiling = self._limit
             return
         if bdp <= 0:
             return
