@@ -2,8 +2,11 @@
 in hindsight, on the traffic model endpoints really see. The regression gate for
 every change to a limit algorithm.
 
-    .venv/bin/python bench/robustness.py --out bench/results/robustness.md   # < 15 min, 2 cores
-    .venv/bin/python bench/robustness.py --quick                             # ~2 min subset
+    .venv/bin/python bench/robustness.py --out bench/results/robustness.md   # 40 cells, 2 seeds
+    .venv/bin/python bench/robustness.py --quick                             # 8 core cells, <1 min
+
+(The default's wall time on 2 cores is not measured yet: its biggest cells, 64 workers
+at 4x load, dominate; lower ``--cells`` to fit a budget.)
 
 Each *cell* is one server and one traffic pattern, in the simulator (virtual time,
 seeded: the same arguments print the same numbers):
