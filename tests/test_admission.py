@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any
+
 import pytest
+import requests
 
 from loadshed.admission import Admission, Ticket, Token
+from loadshed.asgi import LoadShedMiddleware
 from loadshed.clock import VirtualClock
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
+from loadshed.limiter import Limiter
 from loadshed.limits.base import LimitAlgorithm, Sample, Windowed
 from loadshed.limits.fixed import Fixed
+from loadshed.testing import serve
 
 
 class SettableLimit(LimitAlgorithm):
@@ -462,3 +470,98 @@ def test_a_subclass_in_python_keeps_its_own_class_settings() -> None:
     adm = Admission(algorithm, VirtualClock())
     adm.try_acquire().success()
     assert algorithm.samples == []
+
+
+# ------------------------------------------- a deadline shorter than the service time
+
+
+def _served(adm: Admission, clock: VirtualClock, seconds: float, times: int = 1) -> None:
+    """Run ``times`` requests of ``seconds`` each, one after the other, as successes."""
+    for _ in range(times):
+        token = adm.try_acquire()
+        clock.advance(seconds)
+        token.success()
+
+
+def test_a_deadline_shorter_than_the_service_time_is_refused_even_with_free_slots() -> None:
+    adm, _, clock = make(limit=4)
+    _served(adm, clock, 1.0, times=3)
+    assert adm.inflight == 0
+    short = clock.now() + 0.5
+    assert adm.grant_now(deadline=short) is None  # the fast path leaves it to submit()
+    with pytest.raises(Rejected) as info:
+        Recorder().submit(adm, "short", deadline=short)
+    assert info.value.reason is RejectReason.DEADLINE
+    with pytest.raises(Rejected) as info:
+        adm.try_acquire(deadline=short)
+    assert info.value.reason is RejectReason.DEADLINE
+    assert adm.counts["rejected:deadline"] == 2 and adm.inflight == 0
+    # Time enough for one service time: admitted at once.
+    assert isinstance(adm.grant_now(deadline=clock.now() + 1.5), Token)
+
+
+def test_no_refusal_on_a_guess_before_the_first_success() -> None:
+    adm, _, clock = make(limit=2, initial_service_time=5.0)
+    assert isinstance(adm.grant_now(deadline=clock.now() + 0.1), Token)
+    token = adm.try_acquire()
+    clock.advance(1.0)
+    token.dropped()  # a drop is not a service-time sample either
+    assert isinstance(adm.try_acquire(deadline=clock.now() + 0.1), Token)
+
+
+def test_the_last_success_counts_so_a_model_that_got_faster_is_believed_at_once() -> None:
+    adm, _, clock = make(limit=2)
+    _served(adm, clock, 1.0, times=5)
+    _served(adm, clock, 0.1)  # the mean is still ~0.9 s, the last success took 0.1 s
+    assert isinstance(adm.grant_now(deadline=clock.now() + 0.5), Token)
+
+
+def test_a_learned_patience_never_refuses_a_request_at_a_free_slot() -> None:
+    adm, _, clock = make(limit=2)
+    _served(adm, clock, 1.0)
+    adm.client_gave_up(0.2)
+    adm.client_gave_up(0.3)  # the patience is now 0.2 s, shorter than the service time
+    assert isinstance(adm.grant_now(), Token)  # no deadline of its own: admitted
+    assert isinstance(Recorder().submit(adm, "no deadline"), Token)
+
+
+def test_a_stale_estimate_lets_one_probe_through_so_short_deadlines_are_not_locked_out() -> None:
+    adm, _, clock = make(limit=4)
+    _served(adm, clock, 2.0)  # a slow spell: 2 s per request
+    assert adm.grant_now(deadline=clock.now() + 1.0) is None
+    clock.advance(19.0)  # under ten estimates since the last success: still refused
+    assert adm.grant_now(deadline=clock.now() + 1.0) is None
+    clock.advance(1.5)
+    probe = adm.grant_now(deadline=clock.now() + 1.0)
+    assert isinstance(probe, Token)
+    assert adm.grant_now(deadline=clock.now() + 1.0) is None  # one probe per stale spell
+    clock.advance(0.2)
+    probe.success()  # the model is fast again: 0.2 s
+    assert isinstance(adm.grant_now(deadline=clock.now() + 1.0), Token)
+
+
+def test_through_the_middleware_a_request_that_cannot_finish_in_time_gets_503_at_once() -> None:
+    """Behind a real uvicorn: a 0.3 s endpoint with free slots refuses a request that
+    allows itself 0.1 s (503 + Retry-After, in far less than the service time) and
+    serves one that allows itself 2 s."""
+
+    async def slow(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.3)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    limiter = Limiter(Fixed(4))
+    with serve(LoadShedMiddleware(slow, limiter=limiter)) as url:
+        with requests.Session() as session:
+            for _ in range(3):  # teach the limiter the service time
+                assert session.get(url, timeout=5).status_code == 200
+            started = time.monotonic()
+            refused = session.get(url, headers={"X-Request-Timeout": "0.1"}, timeout=5)
+            took = time.monotonic() - started
+            assert refused.status_code == 503
+            assert refused.json() == {"error": "overloaded", "reason": "deadline"}
+            assert int(refused.headers["Retry-After"]) >= 1
+            assert took < 0.2
+            served = session.get(url, headers={"X-Request-Timeout": "2"}, timeout=5)
+            assert served.status_code == 200
+    assert limiter.admission.counts["rejected:deadline"] == 1

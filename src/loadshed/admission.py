@@ -40,6 +40,11 @@ __all__ = [
 DISCIPLINES = ("fifo", "lifo", "codel")
 _PRIORITIES = tuple(Priority)  # most critical first
 _DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
+# A request that the service-time estimate says cannot finish is still admitted, as a
+# probe, when no success was seen for this many estimates (and at least _STALE_MIN_S):
+# only a request that runs can refresh an estimate that a slow spell left too high.
+_STALE_ESTIMATES = 10.0
+_STALE_MIN_S = 1.0
 _new_sample = tuple.__new__
 REJECT_COUNT_KEYS: Final = {reason: f"rejected:{reason.value}" for reason in RejectReason}
 """Rejection reason -> its key in :attr:`Admission.counts`."""
@@ -200,6 +205,14 @@ class Admission:
         initial_service_time: guess used for estimates until the first sample.
         learn_patience: use the learned client patience as the deadline of requests
             that carry none.
+
+    A request whose own deadline is shorter than the time it would take even with a
+    slot free (the shorter of the mean service time and the last success's) is
+    refused at once (``deadline``), like one that could not wait its turn. Nothing is
+    refused this way before the first success (an initial guess is not a
+    measurement), nor on a learned patience (only a deadline the request carries),
+    and when no success was seen for ten such estimates (at least 1 s) one such
+    request runs anyway, as a probe: a slow spell cannot lock such clients out.
     """
 
     def __init__(
@@ -266,6 +279,11 @@ class Admission:
         self.learn_patience = learn_patience
         self.service = ServiceTimeEstimator(initial=initial_service_time)
         self.patience = PatienceEstimator()
+        # The shortest time a request granted now should take: the lower of the mean
+        # service time and the last success's, 0 until the first success (so no
+        # deadline is judged on a guess). Kept as a plain float for grant_now.
+        self._finish_estimate = 0.0
+        self._success_at = -math.inf  # clock time of the last success (or probe)
 
         self._inflight = 0
         self._inflight_by_priority = [0] * len(_PRIORITIES)
@@ -363,6 +381,7 @@ class Admission:
         now = self.clock.now()
         if self.discipline == "codel":
             self._codel_tick(now)
+        own_deadline = deadline
         deadline = self._effective_deadline(deadline, now)
         if deadline is not None and deadline <= now:
             raise self._refuse(RejectReason.DEADLINE, 0.0)
@@ -370,6 +389,12 @@ class Admission:
         limit = self.algorithm.limit
         cap = self._cap(priority) if self._reserved else limit
         if not ahead and self._inflight < cap:
+            if (
+                own_deadline is not None
+                and now + self._finish_estimate > own_deadline
+                and self._cannot_finish(now)
+            ):
+                raise self._refuse(RejectReason.DEADLINE, 0.0)
             return self._grant(priority, deadline, now, enqueued_at=now)
 
         slots = limit if limit > 1 else 1  # what the queue drains through
@@ -428,8 +453,10 @@ class Admission:
         if deadline is None:  # _effective_deadline, inlined: one call fewer per request
             patience = self.patience.patience if self.learn_patience else None
             if patience is not None:
-                deadline = now + patience
-        if deadline is not None and deadline <= now:
+                deadline = now + patience  # > now: patience is learned from waits > 0
+        elif deadline <= now or (
+            now + self._finish_estimate > deadline and self._cannot_finish(now)
+        ):
             return None  # submit() refuses it and counts the reason
         return self._grant(priority, deadline, now, enqueued_at=now)
 
@@ -438,10 +465,17 @@ class Admission:
     ) -> Token:
         """Admit now or raise Rejected; never queues."""
         now = self.clock.now()
+        own_deadline = deadline
         deadline = self._effective_deadline(deadline, now)
         if deadline is not None and deadline <= now:
             raise self._refuse(RejectReason.DEADLINE, 0.0)
         if self._can_admit(priority) and not self._waiting_at_or_above(priority):
+            if (
+                own_deadline is not None
+                and now + self._finish_estimate > own_deadline
+                and self._cannot_finish(now)
+            ):
+                raise self._refuse(RejectReason.DEADLINE, 0.0)
             return self._grant(priority, deadline, now, enqueued_at=now)
         raise self._refuse(RejectReason.LIMIT, 0.0)
 
@@ -510,6 +544,17 @@ class Admission:
             if patience is not None:
                 return now + patience
         return deadline
+
+    def _cannot_finish(self, now: float) -> bool:
+        """Whether to refuse a request the estimate says cannot finish before its
+        deadline (asked only then): yes, unless no success was seen for ten
+        estimates (at least 1 s); then this one runs as a probe, and the next probe
+        waits as long again."""
+        stale_after = self._finish_estimate * _STALE_ESTIMATES
+        if now - self._success_at < (stale_after if stale_after > _STALE_MIN_S else _STALE_MIN_S):
+            return True
+        self._success_at = now
+        return False
 
     def _max_wait(self) -> float:
         if self.max_queue_wait is not None:
@@ -596,7 +641,12 @@ class Admission:
         service_s = now - token.admitted_at
         self._counts[outcome] += 1  # a str enum: finds the key of its value
         if outcome is _SUCCESS:
-            self.service.add(service_s)
+            service = self.service
+            service.add(service_s)
+            mean = service.mean
+            if mean is not None and service_s >= 0:  # a sample the estimator took
+                self._finish_estimate = service_s if service_s < mean else mean
+                self._success_at = now
         if outcome is not _IGNORED and self._feed_algorithm:
             # tuple.__new__ builds the named tuple without its Python-level __new__.
             sample = _new_sample(
