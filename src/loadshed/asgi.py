@@ -20,14 +20,23 @@ with its own outcome (a proxy marks an upstream 429 as dropped, for instance).
 The deadline comes from ``X-Request-Timeout`` (seconds) or ``grpc-timeout``, or
 the route's default; the priority from ``X-Priority``. Malformed values are
 ignored and counted (``malformed_headers``), never answered with a 500.
+
+Shutdown: :meth:`LoadShedMiddleware.shutdown` answers every queued request, and every
+later one, 503 + ``Retry-After`` (reason ``shutdown``) at once; requests already
+running finish. It runs when the server begins to stop: at SIGTERM or SIGINT when the
+server handles those signals in Python (uvicorn, gunicorn's workers: the middleware
+chains onto the handler it finds at lifespan start-up), else at the lifespan shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
+import signal
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any, Final
 
@@ -57,6 +66,8 @@ _SUCCESS: Final = Outcome.SUCCESS
 _DROPPED: Final = Outcome.DROPPED
 _IGNORED: Final = Outcome.IGNORED
 _DEFAULT_PRIORITY: Final = Priority.DEFAULT
+_SHUTDOWN: Final = RejectReason.SHUTDOWN
+_SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class LoadShedMiddleware:
@@ -189,15 +200,71 @@ class LoadShedMiddleware:
             metrics.track_middleware(self)
         self._reject_answers: dict[RejectReason, tuple[bytes, tuple[tuple[bytes, bytes], ...]]] = {}
         for reason in RejectReason:
-            body = json.dumps({"error": "overloaded", "reason": reason.value}).encode()
+            error = "shutting_down" if reason is _SHUTDOWN else "overloaded"
+            body = json.dumps({"error": error, "reason": reason.value}).encode()
             length = b"%d" % len(body)
-            headers = ((b"content-type", b"application/json"), (b"content-length", length))
+            headers: tuple[tuple[bytes, bytes], ...] = (
+                (b"content-type", b"application/json"),
+                (b"content-length", length),
+            )
+            if reason is _SHUTDOWN:  # the client should reconnect elsewhere
+                headers = (*headers, (b"connection", b"close"))
             self._reject_answers[reason] = (body, headers)
+        self._also_close: list[Limiter] = []
+        self._signals_hooked = False
+        self.shutting_down = False
+        """True once :meth:`shutdown` ran: every request it guards gets 503 (shutdown)."""
 
     @property
     def limiters(self) -> list[Limiter]:
         """Every limiter this middleware uses (default first)."""
         return [self.limiter, *(limiter for _, limiter in self.routes)]
+
+    def close_on_shutdown(self, limiter: Limiter) -> None:
+        """Also close ``limiter`` in :meth:`shutdown` (one that ``select`` returns)."""
+        if all(limiter is not known for known in (*self.limiters, *self._also_close)):
+            self._also_close.append(limiter)
+
+    def shutdown(self) -> int:
+        """The server is stopping: answer every queued request, and every later one,
+        503 + ``Retry-After`` (reason ``shutdown``) at once; running requests finish.
+
+        Closes every limiter (:meth:`Limiter.close`). Returns how many queued requests
+        were refused; calling it again does no harm.
+        """
+        self.shutting_down = True
+        refused = 0
+        for limiter in (*self.limiters, *self._also_close):
+            refused += limiter.close()
+        return refused
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the lifespan through to the app, watching its start-up and shutdown."""
+
+        async def watched() -> Message:
+            message = await receive()
+            kind = message.get("type")
+            if kind == "lifespan.startup":
+                self._hook_signals()
+            elif kind == "lifespan.shutdown":
+                self.shutdown()  # late (the server waited for requests first), harmless
+            return message
+
+        await self.app(scope, watched, send)
+
+    def _hook_signals(self) -> None:
+        """Call :meth:`shutdown` as soon as SIGTERM or SIGINT arrives, before the
+        server's own handler (which stops accepting and waits for requests in
+        flight): chained onto a Python handler the server installed, never replacing
+        the default action or an ignored signal."""
+        if self._signals_hooked or threading.current_thread() is not threading.main_thread():
+            return
+        self._signals_hooked = True
+        loop = asyncio.get_running_loop()
+        for sig in _SHUTDOWN_SIGNALS:
+            previous = signal.getsignal(sig)
+            if callable(previous):
+                signal.signal(sig, _ShutdownHook(self, loop, previous))
 
     def limiter_for(self, scope: Scope) -> Limiter | None:
         """The limiter that guards this request, or None when it is not limited."""
@@ -219,7 +286,10 @@ class LoadShedMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # This runs for every request: keep it to a few attribute reads and calls.
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            if scope["type"] == "lifespan":
+                await self._lifespan(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         if self._metrics_app is not None and scope.get("path") == self.metrics_path:
             await self._metrics_app(scope, receive, send)
@@ -369,16 +439,36 @@ class LoadShedMiddleware:
     async def _send_rejection(self, send: Send, rejected: Rejected) -> None:
         # Everything but Retry-After is prepared once per reason: under overload this
         # answers most requests, and its cost bounds how fast refused clients hear.
-        body, headers = self._reject_answers[rejected.reason]
+        reason = rejected.reason
+        body, headers = self._reject_answers[reason]
         retry_after = max(1, math.ceil(rejected.retry_after))
         await send(
             {
                 "type": "http.response.start",
-                "status": self.reject_status,
+                "status": 503 if reason is _SHUTDOWN else self.reject_status,
                 "headers": [*headers, (b"retry-after", b"%d" % retry_after)],
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+class _ShutdownHook:
+    """A signal handler: schedule the middleware's shutdown, then call the previous one."""
+
+    def __init__(
+        self,
+        middleware: LoadShedMiddleware,
+        loop: asyncio.AbstractEventLoop,
+        previous: Callable[[int, Any], Any],
+    ) -> None:
+        self.middleware = middleware
+        self.loop = loop
+        self.previous = previous
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop already closed
+            self.loop.call_soon_threadsafe(self.middleware.shutdown)
+        self.previous(signum, frame)
 
 
 async def _send_too_large(send: Send, max_bytes: int) -> None:

@@ -40,6 +40,8 @@ class RejectReason(str, enum.Enum):
     """Shed to make room for more important work."""
     CLIENT_GONE = "client_gone"
     """The client disconnected or gave up while the request was queued."""
+    SHUTDOWN = "shutdown"
+    """The server is shutting down: queued and new requests are answered at once."""
 
     def __str__(self) -> str:
         return self.value

@@ -6,7 +6,9 @@ awaitables and keeps one timer armed for queue timeouts.
         ...  # normal exit: success; TimeoutError: dropped; anything else: ignored
 
 A task cancelled while queued leaves the queue at once (``client_gone``) and frees
-nothing it did not hold.
+nothing it did not hold. :meth:`Limiter.close` (a server shutting down) answers every
+queued request and every later one with ``Rejected(shutdown)`` at once, while tokens
+already held run to their end.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class Limiter:
             learn_patience=learn_patience,
         )
         self.clock = clock
+        self.closed = False
+        """True once :meth:`close` was called: every new request is refused (``shutdown``)."""
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = float("inf")
         if runner is not None:
@@ -151,10 +155,40 @@ class Limiter:
         """Register a listener for admission events (metrics)."""
         self.admission.add_listener(listener)
 
+    def close(self) -> int:
+        """Shut down: refuse every queued request and every later one with
+        ``Rejected(shutdown)`` (a 503 + Retry-After from the middleware), at once.
+
+        Requests holding a token are not touched: they finish and release as usual.
+        Returns how many queued requests were refused. Calling it again refuses only
+        what queued since (nothing can: every new request is refused).
+        """
+        self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = float("inf")
+        admission = self.admission
+        retry_after = admission.retry_after()
+        # Every live ticket, most critical first, oldest first (the core's own queues:
+        # this is the limiter's half of the admission layer, and runs once).
+        tickets = [ticket for queue in admission._queues for ticket in queue if ticket.queued]
+        for ticket in tickets:
+            if admission.cancel(ticket, RejectReason.SHUTDOWN):
+                ticket.on_reject(Rejected(RejectReason.SHUTDOWN, retry_after))
+        return len(tickets)
+
+    def _refuse_closed(self) -> Rejected:
+        """A request that arrived after :meth:`close`: counted and refused (``shutdown``)."""
+        self.admission._count_reject(RejectReason.SHUTDOWN, 0.0)
+        return Rejected(RejectReason.SHUTDOWN, self.admission.retry_after())
+
     def try_acquire(
         self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
     ) -> Token:
         """A token now, or Rejected; never waits."""
+        if self.closed:
+            raise self._refuse_closed()
         return self.admission.try_acquire(priority=priority, deadline=deadline)
 
     def acquire(
@@ -175,6 +209,8 @@ class Limiter:
         For integrations that must watch something else while queued (the ASGI
         middleware watches for the client's disconnect).
         """
+        if self.closed:
+            raise self._refuse_closed()
         token = self.admission.grant_now(priority=priority, deadline=deadline)
         if token is not None:  # the common case: no future needed
             return token

@@ -28,18 +28,24 @@ Protected services export Prometheus metrics at ``/metrics``; ``/health`` and ``
 never limited. Request heads are bounded as ``loadshed proxy`` bounds them: a target over 8 KiB
 gets 414, a header block over 64 KiB or more than 100 headers 431. A taken port or an address
 that is not this machine's is one line naming ``--port`` or ``--host`` (exit 2).
+
+SIGTERM (or Ctrl-C) stops it gracefully: queued requests get 503 + ``Retry-After`` at once,
+requests running get ``--grace`` seconds (default 10) to finish, the worker processes are
+reaped, and the process exits 0 (:class:`~loadshed.proxy.shutdown.GracefulServer`).
 """
 
 from __future__ import annotations
 
 import socket
 import sys
-from typing import Any
+from typing import Any, cast
 
 import click
 
 from loadshed.demo import DEMO_MODELS
 from loadshed.errors import ConfigError
+from loadshed.proxy.shutdown import DEFAULT_GRACE, GracefulServer, check_grace
+from loadshed.units import DURATION
 
 __all__ = [
     "DEFAULT_DEADLINE_TARGET",
@@ -241,6 +247,13 @@ def _bounded_heads() -> type[Any]:
     show_default=True,
     help="Response-time target of --protect deadline, seconds.",
 )
+@click.option(
+    "--grace",
+    type=DURATION,
+    default=f"{DEFAULT_GRACE:g}s",
+    show_default=True,
+    help="On SIGTERM, seconds requests in flight get to finish (queued ones get 503 at once).",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option(
     "--port",
@@ -258,6 +271,7 @@ def serve_demo(
     sigma: float | None,
     seed: int | None,
     deadline_target: float,
+    grace: float,
     host: str,
     port: int,
 ) -> None:
@@ -268,6 +282,7 @@ def serve_demo(
     value a loadshed limit. Metrics at /metrics when protected.
     """
     try:
+        grace = check_grace(grace)
         app = build_app(
             model,
             protect,
@@ -299,10 +314,12 @@ def serve_demo(
         app,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=2,
+        # Typed int by uvicorn, used as asyncio.wait_for's timeout: seconds, fractions too.
+        timeout_graceful_shutdown=cast(int, grace),
         http=_bounded_heads(),
     )
-    server = uvicorn.Server(config)
+    shutdown = getattr(app, "shutdown", None)  # LoadShedMiddleware's: 503 to the queue at once
+    server = GracefulServer(config, on_shutdown=shutdown)
     try:
         server.run(sockets=[sock])
     finally:

@@ -626,4 +626,6 @@ def create_proxy(
         metrics=metrics,
     )
     metrics.track_all(u.limiter for u in upstreams)
+    for upstream in upstreams:  # chosen by select: the middleware's shutdown closes them too
+        middleware.close_on_shutdown(upstream.limiter)
     return middleware, proxy

@@ -8,6 +8,10 @@ bound on open connections: :func:`~loadshed.proxy.security.bounded_protocol`) on
 ``--listen`` and, with ``--metrics-port``, a Prometheus endpoint (``/metrics``) and
 ``/health`` on a second port in the same process. Bad flags exit 2 with one line
 naming the flag; so do listeners that cannot be bound (:mod:`loadshed.proxy.listen`).
+
+SIGTERM (or Ctrl-C) stops it gracefully (:class:`~loadshed.proxy.shutdown.GracefulServer`):
+queued requests get 503 + Retry-After at once, requests in flight get ``--grace`` seconds to
+finish, upstream connections are closed, and the process exits 0.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from loadshed.proxy.app import ProxyApp, create_proxy
 from loadshed.proxy.config import ProxyConfig, parse_listen, parse_upstream
 from loadshed.proxy.listen import bind_listener
 from loadshed.proxy.security import bounded_protocol, client_connections
+from loadshed.proxy.shutdown import DEFAULT_GRACE, GracefulServer
 from loadshed.units import DURATION
 
 __all__ = ["proxy", "server_config"]
@@ -58,6 +63,7 @@ def server_config(app: Any, config: ProxyConfig, **overrides: Any) -> uvicorn.Co
         # The peer address is what X-Forwarded-For gets; never let a client's own
         # X-Forwarded-For replace it (uvicorn trusts it from 127.0.0.1 by default).
         "proxy_headers": False,
+        "timeout_graceful_shutdown": config.grace,
     }
     options.update(overrides)
     return uvicorn.Config(app, **options)
@@ -95,7 +101,8 @@ async def _run(
     app, proxy = create_proxy(config)
     served = server_config(app, config)
     proxy.proxy_metrics.connections = client_connections(served.http)
-    server = uvicorn.Server(served)
+    # On SIGTERM: 503 to every queued request at once, then uvicorn's graceful stop.
+    server = GracefulServer(served, on_shutdown=app.shutdown)
     metrics_runner: web.AppRunner | None = None
     try:
         if metrics_sock is not None:
@@ -260,6 +267,13 @@ def _to_config(**values: Any) -> ProxyConfig:
     help="When a client leaves or its deadline passes before the upstream answered: keep "
     "waiting and hold its slot in the limit (servers that keep working on abandoned "
     "requests), or close the upstream connection at once (servers that stop on disconnect).",
+)
+@click.option(
+    "--grace",
+    type=DURATION,
+    default=f"{DEFAULT_GRACE:g}s",
+    show_default=True,
+    help="On SIGTERM, how long requests in flight get to finish (queued ones get 503 at once).",
 )
 @click.option(
     "--metrics-port",

@@ -116,6 +116,8 @@ class ProxyConfig:
       ``upstream_timeout``): most servers keep working on abandoned requests, and
       freeing the slot early would overload them. ``False`` closes the upstream
       connection at once, for servers that stop work on disconnect.
+    - ``grace`` 10 s: on SIGTERM, requests in flight get this long to finish (queued
+      ones are answered 503 at once), then the proxy exits.
     """
 
     upstreams: tuple[UpstreamURL, ...]
@@ -140,6 +142,7 @@ class ProxyConfig:
     hold_abandoned: bool = True
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
+    grace: float = 10.0
 
     def __post_init__(self) -> None:
         if not self.upstreams:
@@ -173,6 +176,8 @@ class ProxyConfig:
         ):
             if value < low:
                 raise ConfigError(flag, f"must be an integer >= {low}, got {value}")
+        if not (math.isfinite(self.grace) and self.grace >= 0):
+            raise ConfigError("--grace", f"must be a duration >= 0, e.g. 10s; got {self.grace!r}")
         if self.reject_status not in (429, 503):
             raise ConfigError("--reject-status", f"got {self.reject_status}, allowed: 429|503")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
