@@ -6,11 +6,17 @@ event loop (``loop.add_reader``), so a result or a death is noticed without thre
 
 Design points (see DESIGN.md section 8):
 
-- At most one job is sent to a worker, and only to an idle one. A caller that finds every worker
-  busy waits on the asyncio side in a FIFO of futures, where it can be cancelled (or shed by a
-  limiter in front) without leaving a job behind. There is no hidden executor queue.
+- A worker holds at most two jobs: the one it runs and one handed ahead, already in its pipe,
+  so that it starts its next job the moment it sends a result, without waiting for the event
+  loop (which may be busy with thousands of refusals a second). A caller that finds every
+  worker holding two waits on the asyncio side in a FIFO, where it can be cancelled (or shed
+  by a limiter in front) without leaving a job behind. There is no hidden executor queue.
+- A job handed ahead whose caller is cancelled is skipped by its worker if the worker has not
+  started it yet (a cancel message follows it down the pipe); else it runs and its result is
+  discarded, as for a running job.
 - A worker that dies (segfault, ``os._exit``, OOM kill, SIGKILL) fails only the job it was
-  running, with :class:`WorkerCrashed` (exit code and signal); a replacement is started at once.
+  running, with :class:`WorkerCrashed` (exit code and signal); the job handed ahead to it never
+  started and goes to another worker; a replacement is started at once.
 - ``job_timeout`` kills a stuck worker, fails its job with :class:`JobTimeout` and replaces it.
 - The model is loaded by ``initializer`` once per worker process; only the job's arguments and
   its result cross the pipe.
@@ -21,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import io
 import itertools
 import multiprocessing
 import multiprocessing.connection
@@ -234,6 +241,12 @@ class RunnerStats:
     """Jobs killed by ``job_timeout``."""
     cancelled: int
     """Jobs whose caller was cancelled while they ran (the result was discarded)."""
+    skipped: int
+    """Jobs handed ahead whose caller was cancelled before their worker started them (they
+    never ran)."""
+    retried: int
+    """Jobs handed ahead to a worker that died or was killed before starting them, sent to
+    another worker."""
     restarts: int
     """Worker processes started to replace dead or killed ones."""
     service_count: int
@@ -256,11 +269,20 @@ class RunnerStats:
 
 # --------------------------------------------------------------------------- worker side
 
-# Messages parent -> worker: (job_id, args, kwargs) or None (stop).
-# Messages worker -> parent: ("ready",), ("init_error", exc, tb_text),
-#                            (job_id, True, result) or (job_id, False, (exc, tb_text)).
-# A worker runs one job at a time, so job_id None in a reply means "the current job" (used
-# when the job's arguments could not be unpickled in the worker).
+# Messages parent -> worker (send_bytes): an 8-byte signed little-endian number n, then
+#   n > 0: job n, followed by the pickled (args, kwargs);
+#   n < 0: cancel job -n (handed ahead: skip it if not started yet);
+#   n == 0: stop.
+# Messages worker -> parent (send): ("ready",), ("init_error", exc, tb_text),
+#   (job_id, True, result), (job_id, False, (exc, tb_text)), or (job_id, None, None) for a job
+#   skipped because it was cancelled before it started.
+# A worker replies to its jobs in the order it received them.
+_HEADER = 8
+_STOP = bytes(_HEADER)
+
+
+def _header(number: int) -> bytes:
+    return number.to_bytes(_HEADER, "little", signed=True)
 
 
 def _pickleable_exception(exc: BaseException) -> BaseException:
@@ -330,7 +352,8 @@ def _worker_main(
     initargs: tuple[Any, ...],
     runner_pid: int,
 ) -> None:
-    """Worker process body: run the initializer once, then serve one job at a time."""
+    """Worker process body: run the initializer once, then run jobs one at a time in the
+    order received, skipping a job handed ahead whose cancel arrived before it started."""
     if not _end_with_runner(runner_pid):
         return
     # Ctrl-C in a terminal goes to the whole process group; the parent decides when we stop.
@@ -348,19 +371,45 @@ def _worker_main(
         conn.close()
         return
     conn.send(("ready",))
+    pending: collections.deque[tuple[int, bytes]] = collections.deque()
+    cancelled: set[int] = set()
+
+    def take(data: bytes) -> bool:
+        """File one message from the parent; False for stop."""
+        number = int.from_bytes(data[:_HEADER], "little", signed=True)
+        if number > 0:
+            pending.append((number, data))
+        elif number < 0:
+            # The parent sends a job before any cancel for it: a cancel for a job no longer
+            # pending came after the job started here; it runs on (the parent discards it).
+            if any(job_id == -number for job_id, _ in pending):
+                cancelled.add(-number)
+        else:
+            return False
+        return True
+
     while True:
         try:
-            data = conn.recv_bytes()
+            if not pending and not take(conn.recv_bytes()):
+                return
+            # Take in everything already sent (the job handed ahead, a cancel for it) before
+            # starting the next job.
+            while conn.poll():
+                if not take(conn.recv_bytes()):
+                    return
         except (EOFError, OSError):
             return  # parent gone
-        job_id: int | None = None
+        if not pending:
+            continue  # only a late cancel arrived
+        job_id, data = pending.popleft()
+        if job_id in cancelled:
+            cancelled.discard(job_id)
+            conn.send((job_id, None, None))
+            continue
         try:
-            message = pickle.loads(data)
-            if message is None:
-                return
-            job_id, args, kwargs = message
+            args, kwargs = pickle.loads(memoryview(data)[_HEADER:])
             result = fn(*args, **kwargs)
-        except Exception as exc:  # raised by fn, or the job did not unpickle here (job_id None)
+        except Exception as exc:  # raised by fn, or the job did not unpickle here
             reply: tuple[Any, ...] = (
                 job_id,
                 False,
@@ -368,6 +417,7 @@ def _worker_main(
             )
         else:
             reply = (job_id, True, result)
+        del data
         try:
             conn.send(reply)
         except Exception as exc:  # the result did not pickle
@@ -379,19 +429,27 @@ def _worker_main(
 
 
 class _Job:
-    __slots__ = ("future", "job_id", "started", "timer")
+    """One call of :meth:`ModelRunner.run`: in the FIFO, handed ahead to a worker, or
+    running (the first of its worker's jobs)."""
 
-    def __init__(self, job_id: int, future: asyncio.Future[Any], started: float) -> None:
+    __slots__ = ("cancel_sent", "data", "future", "job_id", "started", "timer", "worker")
+
+    def __init__(self, job_id: int, data: memoryview, future: asyncio.Future[Any]) -> None:
         self.job_id = job_id
+        # The message for the worker; kept until the job runs, so that a job handed ahead to
+        # a worker that dies can go to another one.
+        self.data: memoryview | None = data
         self.future = future
-        self.started = started
+        self.started = 0.0  # when it became its worker's current job (perf_counter)
         self.timer: asyncio.TimerHandle | None = None
+        self.worker: _Worker | None = None  # None while in the FIFO
+        self.cancel_sent = False  # its caller was cancelled while it was handed ahead
 
 
 class _Worker:
     """Parent-side record of one worker process."""
 
-    __slots__ = ("conn", "job", "killed", "pid", "process", "ready", "sentinel", "slot")
+    __slots__ = ("conn", "exited", "jobs", "killed", "pid", "process", "ready", "sentinel", "slot")
 
     def __init__(self, slot: int, process: multiprocessing.process.BaseProcess, conn: Any) -> None:
         self.slot = slot
@@ -400,9 +458,12 @@ class _Worker:
         self.pid = process.pid
         self.sentinel: int = process.sentinel
         self.ready = False
-        self.job: _Job | None = None
+        # Jobs sent and not yet answered, in the order sent: the first is running (or about to),
+        # the second, if any, is handed ahead.
+        self.jobs: list[_Job] = []
         # Set when the parent killed it (timeout, cancel, close): its death is not a crash.
         self.killed = False
+        self.exited = False
 
 
 def _resolve_context(
@@ -441,6 +502,13 @@ class ModelRunner(Generic[R]):
     caller of a running job is cancelled (frees the CPU at once, costs a model reload);
     by default the job runs to completion and its result is discarded.
 
+    ``hand_ahead`` (default True) sends a busy worker its next job while it runs the current
+    one, so that it never waits for the event loop between jobs; a worker holds at most that
+    one job beyond the one it runs, and further callers wait in the runner's FIFO, cancellable.
+    With False a job is sent only to an idle worker (strict FIFO to whichever worker frees up
+    first: for jobs whose durations vary by seconds, where a job handed ahead could wait behind
+    a long one while another worker is free).
+
     ``workers`` may not exceed ``max_workers``; by default (None) that bound comes from the
     machine (:func:`machine_worker_bound`: 8 per CPU, one per 32 MiB of available memory,
     or the ``LOADSHED_MAX_WORKERS`` environment variable), so that a typo cannot fork
@@ -462,6 +530,7 @@ class ModelRunner(Generic[R]):
         job_timeout: float | None = None,
         kill_on_cancel: bool = False,
         max_workers: int | None = None,
+        hand_ahead: bool = True,
     ) -> None:
         if not callable(fn):
             raise ConfigError("fn", f"must be callable, got {type(fn).__name__}")
@@ -494,6 +563,8 @@ class ModelRunner(Generic[R]):
         self._context = _resolve_context(mp_context)
         self._job_timeout = job_timeout
         self._kill_on_cancel = bool(kill_on_cancel)
+        # Jobs a worker holds at once: the running one, plus one handed ahead.
+        self._per_worker = 2 if hand_ahead else 1
         # Workers ready for a job; before start() the configured count (see live_workers).
         self._live = workers
         self._workers_listeners: list[Callable[[int], None]] = []
@@ -503,8 +574,12 @@ class ModelRunner(Generic[R]):
         self._closed = False
         self._start_lock: asyncio.Lock | None = None
         self._slots: list[_Worker | None] = [None] * workers
+        # Ready workers holding no job, and (hand_ahead) those holding only a running one:
+        # where the next job goes, idle first. A worker is in at most one of them.
         self._idle: collections.deque[_Worker] = collections.deque()
-        self._waiters: collections.deque[asyncio.Future[_Worker]] = collections.deque()
+        self._open: collections.deque[_Worker] = collections.deque()
+        # Callers waiting for room in a worker (FIFO), no job sent yet.
+        self._queue: collections.deque[_Job] = collections.deque()
         self._all_dead: asyncio.Event | None = None
         # Futures of workers in their first start; resolved on ready or failure.
         self._startup: dict[int, asyncio.Future[None]] = {}
@@ -517,6 +592,8 @@ class ModelRunner(Generic[R]):
         self._crashed = 0
         self._timed_out = 0
         self._cancelled = 0
+        self._skipped = 0
+        self._retried = 0
         self._restarts = 0
         self._service_hist = HdrHistogram(_HIST_LOWEST_US, _HIST_HIGHEST_US, _HIST_DIGITS)
         # Kept alongside: HdrHistogram.get_mean_value walks every counter in Python (slow).
@@ -650,68 +727,79 @@ class ModelRunner(Generic[R]):
             self._started = True
 
     async def run(self, *args: Any, **kwargs: Any) -> R:
-        """Run ``fn(*args, **kwargs)`` in an idle worker and return its result.
+        """Run ``fn(*args, **kwargs)`` in a worker and return its result.
 
-        Waits (cancellably, in FIFO order) while every worker is busy. Exceptions raised by
-        ``fn`` propagate with their type, with the worker's traceback as ``__cause__``.
-        Raises :class:`WorkerCrashed`, :class:`JobTimeout` or :class:`RunnerClosed` for
-        failures of the runner itself.
+        Goes to an idle worker, else (``hand_ahead``) is handed ahead to a busy worker that
+        holds no other, else waits (cancellably, in FIFO order). Exceptions raised by ``fn``
+        propagate with their type, with the worker's traceback as ``__cause__``. Raises
+        :class:`WorkerCrashed`, :class:`JobTimeout` or :class:`RunnerClosed` for failures
+        of the runner itself.
         """
         if not self._started:
             await self.start()
         self._check_loop()
+        if self._closed:
+            raise RunnerClosed("runner is closed")
         loop = self._loop
         assert loop is not None
         job_id = next(self._job_ids)
-        # Pickle before taking a worker: an unpicklable argument fails here, costing nothing.
-        data = ForkingPickler.dumps((job_id, args, kwargs))
-        while True:
-            worker = await self._acquire_worker()
-            if worker.killed or worker.conn.closed:
-                continue  # died after it was handed over; its replacement is on the way
-            try:
-                worker.conn.send_bytes(data)
-            except OSError:
-                continue  # broken pipe: it is dying, its sentinel will replace it
-            break
-        job = _Job(job_id, loop.create_future(), time.perf_counter())
-        worker.job = job
-        if self._job_timeout is not None:
-            job.timer = loop.call_later(self._job_timeout, self._on_job_timeout, worker, job)
+        # Pickle before queueing: an unpicklable argument fails here, costing nothing.
+        buffer = io.BytesIO()
+        buffer.write(_header(job_id))
+        ForkingPickler(buffer).dump((args, kwargs))
+        job = _Job(job_id, buffer.getbuffer(), loop.create_future())
+        self._queue.append(job)
+        self._fill()
         try:
             return await job.future  # type: ignore[no-any-return]
         except asyncio.CancelledError:
             # Cancelling our task cancels job.future too (unless the result won the race).
             if job.future.cancelled() or not job.future.done():
-                # The caller is gone; the job keeps its worker busy until it returns (its
-                # result is then discarded), unless asked to kill it.
-                self._cancelled += 1
                 job.future.cancel()
-                if self._kill_on_cancel and worker.job is job:
-                    self._finish_job(worker, job)
-                    self._kill(worker)
+                self._abandon(job)
             raise
+
+    def _abandon(self, job: _Job) -> None:
+        """The caller of ``job`` is gone: forget it, skip it, or let it run for nothing."""
+        worker = job.worker
+        if worker is None:
+            with contextlib.suppress(ValueError):
+                self._queue.remove(job)  # no job sent
+            return
+        if worker.jobs and worker.jobs[0] is job:
+            # Running: it keeps its worker busy until it returns (its result is then
+            # discarded), unless asked to kill it.
+            self._cancelled += 1
+            if self._kill_on_cancel:
+                self._kill(worker)
+            return
+        # Handed ahead: tell the worker to skip it. If the worker started it already (it
+        # finished the job before and the loop has not read that reply yet), it runs on and
+        # its result is discarded.
+        job.cancel_sent = True
+        with contextlib.suppress(OSError, ValueError):
+            worker.conn.send_bytes(_header(-job.job_id))
 
     @property
     def busy(self) -> int:
         """Workers running a job now (cheap; :meth:`stats` for everything)."""
-        return sum(
-            1
-            for w in self._slots
-            if w is not None and w.ready and not w.killed and w.job is not None
-        )
+        return sum(1 for w in self._slots if w is not None and w.ready and not w.killed and w.jobs)
 
     @property
     def idle(self) -> int:
-        """Workers ready for a job now."""
+        """Workers ready for a job now and holding none."""
         return sum(
-            1 for w in self._slots if w is not None and w.ready and not w.killed and w.job is None
+            1 for w in self._slots if w is not None and w.ready and not w.killed and not w.jobs
         )
 
     @property
     def waiting(self) -> int:
-        """Callers waiting for an idle worker now."""
-        return sum(1 for f in self._waiters if not f.done())
+        """Callers whose job has not started: waiting for room in a worker, or handed ahead
+        to a busy one."""
+        ahead = sum(
+            1 for w in self._slots if w is not None for job in w.jobs[1:] if not job.future.done()
+        )
+        return ahead + sum(1 for job in self._queue if not job.future.done())
 
     def stats(self) -> RunnerStats:
         """A snapshot of worker states, job counts and service-time percentiles.
@@ -739,6 +827,8 @@ class ModelRunner(Generic[R]):
             crashed=self._crashed,
             timed_out=self._timed_out,
             cancelled=self._cancelled,
+            skipped=self._skipped,
+            retried=self._retried,
             restarts=self._restarts,
             service_count=count,
             service_mean=self._service_total / count if count else 0.0,
@@ -766,41 +856,68 @@ class ModelRunner(Generic[R]):
         if asyncio.get_running_loop() is not self._loop:
             raise RuntimeError("ModelRunner is bound to the event loop that started it")
 
-    async def _acquire_worker(self) -> _Worker:
-        if self._closed:
-            raise RunnerClosed("runner is closed")
-        if self._idle and not self._waiters:
-            return self._idle.popleft()
-        loop = self._loop
-        assert loop is not None
-        waiter: asyncio.Future[_Worker] = loop.create_future()
-        self._waiters.append(waiter)
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                # A worker was handed over just as we were cancelled: pass it on, no job sent.
-                self._release(waiter.result())
-            raise
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiters.remove(waiter)
-
-    def _release(self, worker: _Worker) -> None:
-        """Give an idle, ready worker to the first live waiter, or park it."""
-        if self._closed or worker.killed:
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(worker)
+    def _fill(self) -> None:
+        """Send jobs from the FIFO to workers with room, idle workers first."""
+        queue = self._queue
+        while queue:
+            job = queue[0]
+            if job.future.done():  # cancelled or failed while queued
+                queue.popleft()
+                continue
+            worker = self._next_worker()
+            if worker is None:
                 return
-        self._idle.append(worker)
+            queue.popleft()
+            if self._dispatch(worker, job):
+                self._park(worker)
+            else:
+                queue.appendleft(job)  # that worker is dying; its sentinel replaces it
 
-    def _finish_job(self, worker: _Worker, job: _Job) -> None:
-        if job.timer is not None:
-            job.timer.cancel()
-        worker.job = None
+    def _next_worker(self) -> _Worker | None:
+        for parked in (self._idle, self._open):
+            while parked:
+                worker = parked.popleft()
+                if not worker.killed and not worker.exited:
+                    return worker
+        return None
+
+    def _park(self, worker: _Worker) -> None:
+        """Make a worker that has room findable (it is in neither deque when called)."""
+        if self._closed or worker.killed or worker.exited or not worker.ready:
+            return
+        held = len(worker.jobs)
+        if held == 0:
+            self._idle.append(worker)
+        elif held < self._per_worker:
+            self._open.append(worker)
+
+    def _dispatch(self, worker: _Worker, job: _Job) -> bool:
+        """Send ``job`` to ``worker``; False if its pipe is broken (it is dying)."""
+        assert job.data is not None
+        try:
+            worker.conn.send_bytes(job.data)
+        except (OSError, ValueError):
+            return False
+        job.worker = worker
+        worker.jobs.append(job)
+        if len(worker.jobs) == 1:
+            self._begin(worker, job, time.perf_counter())
+        return True
+
+    def _begin(self, worker: _Worker, job: _Job, now: float) -> None:
+        """``job`` became ``worker``'s current job: sent to it idle, or the reply to the job
+        before it arrived (the worker started it then, without waiting for us)."""
+        job.started = now
+        job.data = None  # it may have started: never sent elsewhere
+        if self._job_timeout is not None and not worker.killed:
+            loop = self._loop
+            assert loop is not None
+            job.timer = loop.call_later(self._job_timeout, self._on_job_timeout, worker, job)
+
+    def _unpark(self, worker: _Worker) -> None:
+        for parked in (self._idle, self._open):
+            with contextlib.suppress(ValueError):
+                parked.remove(worker)
 
     # ------------------------------------------------------------------ processes
 
@@ -847,34 +964,50 @@ class ModelRunner(Generic[R]):
             startup = self._startup.pop(worker.slot, None)
             if startup is not None and not startup.done():
                 startup.set_result(None)
-            self._release(worker)
+            self._park(worker)
             self._update_live()
+            self._fill()
             return
         if message[0] == "init_error":
             _, exc, tb_text = message
             self._on_init_failure(worker, exc, tb_text)
             return
         job_id, ok, payload = message
-        job = worker.job
-        if job is None or (job_id is not None and job.job_id != job_id):
-            return  # a late reply for a job already failed (timeout) or discarded
-        service_seconds = time.perf_counter() - job.started
-        self._service_hist.record_value(
-            min(_HIST_HIGHEST_US, max(_HIST_LOWEST_US, round(service_seconds * 1e6)))
-        )
-        self._service_total += service_seconds
-        self._service_max = max(self._service_max, service_seconds)
-        self._finish_job(worker, job)
-        if not job.future.done():  # else its caller was cancelled: discard the result
-            if ok:
-                self._completed += 1
-                job.future.set_result(payload)
-            else:
-                self._failed += 1
-                exc, tb_text = payload
-                exc.__cause__ = RemoteTraceback(tb_text)
-                job.future.set_exception(exc)
-        self._release(worker)
+        jobs = worker.jobs
+        if not jobs or jobs[0].job_id != job_id:
+            return  # not a job this worker holds (cannot happen: replies come in order)
+        job = jobs.pop(0)
+        if job.timer is not None:
+            job.timer.cancel()
+        now = time.perf_counter()
+        if jobs:
+            # The job handed ahead: the worker went on to it as soon as it sent this reply.
+            self._begin(worker, jobs[0], now)
+        if ok is None:
+            self._skipped += 1  # handed ahead, cancelled before it started: never ran
+        else:
+            service_seconds = now - job.started
+            self._service_hist.record_value(
+                min(_HIST_HIGHEST_US, max(_HIST_LOWEST_US, round(service_seconds * 1e6)))
+            )
+            self._service_total += service_seconds
+            self._service_max = max(self._service_max, service_seconds)
+            if job.cancel_sent:
+                self._cancelled += 1  # the cancel came after it started: it ran for nothing
+            if not job.future.done():  # else its caller was cancelled: discard the result
+                if ok:
+                    self._completed += 1
+                    job.future.set_result(payload)
+                else:
+                    self._failed += 1
+                    exc, tb_text = payload
+                    exc.__cause__ = RemoteTraceback(tb_text)
+                    job.future.set_exception(exc)
+        if len(jobs) == 0 and self._per_worker > 1:
+            with contextlib.suppress(ValueError):
+                self._open.remove(worker)  # parked there while it held one job
+        self._park(worker)
+        self._fill()
 
     def _on_init_failure(self, worker: _Worker, exc: BaseException, tb_text: str) -> None:
         worker.killed = True  # its exit is expected, not a crash
@@ -886,7 +1019,9 @@ class ModelRunner(Generic[R]):
         # A replacement's failure is counted, and retried with back-off, when its process exits.
 
     def _on_exit(self, worker: _Worker) -> None:
-        # Drain a reply (or ready/init_error) written just before the process exited.
+        worker.exited = True  # no new job goes to it, even from the replies drained below
+        self._unpark(worker)
+        # Drain replies (or ready/init_error) written before the process exited.
         if not worker.conn.closed:
             with contextlib.suppress(EOFError, OSError):
                 while worker.conn.poll():
@@ -897,17 +1032,30 @@ class ModelRunner(Generic[R]):
         self._stop_reading(worker)
         worker.process.join(timeout=1.0)  # the sentinel closes just before the exit is reapable
         exitcode = worker.process.exitcode
-        with contextlib.suppress(ValueError):
-            self._idle.remove(worker)
+        self._unpark(worker)
         if self._slots[worker.slot] is worker:
             self._slots[worker.slot] = None
         self._update_live()
-        job = worker.job
-        if job is not None:
-            self._finish_job(worker, job)
-            self._crashed += 1
-            if not job.future.done():
-                job.future.set_exception(WorkerCrashed(worker.pid, exitcode))
+        jobs, worker.jobs = worker.jobs, []
+        if jobs:
+            # Every reply it wrote has been read: it was running the first job held (or was
+            # about to); the one handed ahead never started.
+            running = jobs[0]
+            if running.timer is not None:
+                running.timer.cancel()
+            if not running.future.done():
+                self._crashed += 1
+                running.future.set_exception(WorkerCrashed(worker.pid, exitcode))
+            for job in reversed(jobs[1:]):
+                if job.future.done():
+                    continue
+                if self._closed:
+                    job.future.set_exception(RunnerClosed("runner closed while the job waited"))
+                    continue
+                self._retried += 1
+                job.worker = None
+                self._queue.appendleft(job)  # ahead of later callers: it came first
+            self._fill()
         startup = self._startup.pop(worker.slot, None)
         if startup is not None and not startup.done():
             startup.set_exception(
@@ -954,19 +1102,19 @@ class ModelRunner(Generic[R]):
         worker.conn.close()
 
     def _kill(self, worker: _Worker) -> None:
-        """Kill a worker on purpose; its sentinel then triggers the replacement."""
+        """Kill a worker on purpose; its sentinel then triggers the replacement (and sends
+        the job handed ahead to it, if any, elsewhere)."""
         worker.killed = True
-        with contextlib.suppress(ValueError):
-            self._idle.remove(worker)
+        self._unpark(worker)
         with contextlib.suppress(ProcessLookupError, OSError, ValueError):
             worker.process.kill()
         self._update_live()
 
     def _on_job_timeout(self, worker: _Worker, job: _Job) -> None:
-        if worker.job is not job:
+        if not worker.jobs or worker.jobs[0] is not job:
             return
         self._timed_out += 1
-        self._finish_job(worker, job)
+        job.timer = None
         if not job.future.done():
             job.future.set_exception(JobTimeout(self._job_timeout or 0.0, worker.pid))
         self._kill(worker)
@@ -980,11 +1128,12 @@ class ModelRunner(Generic[R]):
         for handle in self._restart_timers.values():
             handle.cancel()
         self._restart_timers.clear()
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_exception(RunnerClosed("runner closed while waiting for a worker"))
+        while self._queue:
+            job = self._queue.popleft()
+            if not job.future.done():
+                job.future.set_exception(RunnerClosed("runner closed while waiting for a worker"))
         self._idle.clear()
+        self._open.clear()
         self._update_live()
         for worker in self._slots:
             if worker is None:
@@ -993,16 +1142,21 @@ class ModelRunner(Generic[R]):
                 # Still in its initializer (which may take minutes): nothing to lose.
                 self._kill(worker)
                 continue
-            job = worker.job
-            if job is not None:
-                self._finish_job(worker, job)
-                if not job.future.done():
-                    job.future.set_exception(RunnerClosed("runner closed while the job ran"))
+            if worker.jobs:
+                for index, job in enumerate(worker.jobs):
+                    if job.timer is not None:
+                        job.timer.cancel()
+                    if not job.future.done():
+                        job.future.set_exception(
+                            RunnerClosed(
+                                "runner closed while the job " + ("ran" if index == 0 else "waited")
+                            )
+                        )
                 self._kill(worker)
                 continue
             worker.killed = True
             try:
-                worker.conn.send(None)
+                worker.conn.send_bytes(_STOP)
             except (OSError, ValueError):
                 self._kill(worker)
         self._check_all_dead()
