@@ -38,7 +38,7 @@ import math
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from loadshed.admission import Token
 from loadshed.checks import check_int, check_number, check_optional_number
@@ -46,7 +46,9 @@ from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, p
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limiter import Limiter, Waiting, WorkerPool
 from loadshed.limits.base import LimitAlgorithm
-from loadshed.metrics import LoadshedMetrics
+
+if TYPE_CHECKING:
+    from loadshed.metrics import LoadshedMetrics  # prometheus_client loads on first use
 
 __all__ = ["LoadShedMiddleware", "RouteSelector"]
 
@@ -192,6 +194,8 @@ class LoadShedMiddleware:
         self.malformed_headers: dict[str, int] = {}
         """Counts of malformed header values seen, by header name."""
         if metrics_path is not None and metrics is None:
+            from loadshed.metrics import LoadshedMetrics
+
             metrics = LoadshedMetrics()
         self.metrics = metrics
         self.metrics_path = metrics_path
