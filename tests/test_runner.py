@@ -206,6 +206,23 @@ async def test_next_job_starts_while_the_event_loop_is_blocked(hand_ahead: bool)
     assert [r["label"] for r in (first, second, third)] == ["first", "second", "third"]
 
 
+async def test_a_large_job_is_not_handed_ahead_and_does_not_block_the_loop() -> None:
+    """A busy worker does not read its pipe: a job too large for the socket's buffer waits
+    for the worker to be idle instead of blocking the event loop in send."""
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+        first = asyncio.create_task(runner.run("sleep", "first", 0.6))
+        await wait_until(lambda: runner.busy == 1)
+        label = "x" * (4 << 20)
+        submitted = time.monotonic()
+        large = asyncio.create_task(runner.run("sleep", label, 0.0))
+        await asyncio.sleep(0.05)
+        assert time.monotonic() - submitted < 0.3
+        assert runner.waiting == 1
+        result = await large
+        assert result["label"] == label
+        assert result["start"] >= (await first)["end"] - 0.001
+
+
 async def test_cancelled_callers_leave_no_job_behind(tmp_path: Path) -> None:
     """Cancelled while handed ahead (the worker skips it) or while in the FIFO (never sent):
     neither job runs, and the next caller gets its own result."""

@@ -279,6 +279,10 @@ class RunnerStats:
 # A worker replies to its jobs in the order it received them.
 _HEADER = 8
 _STOP = bytes(_HEADER)
+# A job message larger than this is sent only to an idle worker (blocked reading its pipe). A
+# busy worker does not read until its job ends, and a message that does not fit the socket's
+# buffer (~200 KiB on Linux) would block the event loop until then.
+_AHEAD_MAX_BYTES = 64 << 10
 
 
 def _header(number: int) -> bytes:
@@ -864,17 +868,18 @@ class ModelRunner(Generic[R]):
             if job.future.done():  # cancelled or failed while queued
                 queue.popleft()
                 continue
-            worker = self._next_worker()
+            assert job.data is not None
+            worker = self._next_worker(idle_only=len(job.data) > _AHEAD_MAX_BYTES)
             if worker is None:
-                return
+                return  # FIFO order holds: no later job passes this one
             queue.popleft()
             if self._dispatch(worker, job):
                 self._park(worker)
             else:
                 queue.appendleft(job)  # that worker is dying; its sentinel replaces it
 
-    def _next_worker(self) -> _Worker | None:
-        for parked in (self._idle, self._open):
+    def _next_worker(self, idle_only: bool = False) -> _Worker | None:
+        for parked in (self._idle,) if idle_only else (self._idle, self._open):
             while parked:
                 worker = parked.popleft()
                 if not worker.killed and not worker.exited:
