@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -71,14 +72,23 @@ def test_protected_goodput_holds_where_the_bare_service_collapses() -> None:
     assert one["goodput_ratio"] > 0.6 and one["timeouts"] == 0
 
 
-def run_demo(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run_demo(
+    *args: str, timeout: float = 60, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "loadshed.cli", "demo", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        cwd=cwd,
+        env=env,
     )
+
+
+# The smallest live run: one protection, one client count, about a second of load.
+TINY = ("--scale", "0.1", "--clients", "2", "--duration", "1s", "--warmup", "0.3s")
+TINY += ("--protect", "little")
 
 
 def test_cli_end_to_end_json_table_and_chart(tmp_path: Path) -> None:
@@ -96,6 +106,44 @@ def test_cli_end_to_end_json_table_and_chart(tmp_path: Path) -> None:
     assert (tmp_path / "demo-little.png").read_bytes()[:4] == b"\x89PNG"
     assert "<svg" in (tmp_path / "demo-little.html").read_text()
     assert json.loads((tmp_path / "results.json").read_text()) == data
+
+
+def test_writes_charts_and_results_to_loadshed_demo_by_default(tmp_path: Path) -> None:
+    result = run_demo(*TINY, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / "loadshed-demo"
+    assert (out / "demo.png").read_bytes()[:4] == b"\x89PNG"
+    page = (out / "demo.html").read_text()
+    assert "src='data:image/png;base64,iVBORw0KGgo" in page  # the PNG, inline
+    assert "<td>little</td>" in page and "<th>good/s</th>" in page  # the table
+    data = json.loads((out / "results.json").read_text())
+    assert [step["protect"] for step in data["steps"]] == ["little"]
+    assert "wrote loadshed-demo/demo.png, loadshed-demo/demo.html" in result.stderr
+    assert "loadshed-demo/results.json" in result.stderr
+
+
+def test_no_chart_writes_only_results_json(tmp_path: Path) -> None:
+    result = run_demo(*TINY, "--no-chart", "--out", "elsewhere", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["elsewhere", "results.json"]
+    assert json.loads((tmp_path / "elsewhere" / "results.json").read_text())["steps"]
+    assert "wrote elsewhere/results.json" in result.stderr
+
+
+def test_without_matplotlib_says_so_and_writes_results_json(tmp_path: Path) -> None:
+    """matplotlib is the optional ``charts`` extra: hide it behind a package that fails."""
+    shadow = tmp_path / "shadow" / "matplotlib"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(shadow.parent), env.get("PYTHONPATH")]))
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_demo(*TINY, cwd=work, env=env)
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in (work / "loadshed-demo").iterdir()] == ["results.json"]
+    assert "charts skipped: matplotlib is not installed" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize(

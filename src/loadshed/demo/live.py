@@ -17,8 +17,10 @@ so each step starts from an idle server.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import html
 import json
 import math
 import os
@@ -365,42 +367,62 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
-def render_table(config: LiveConfig, steps: Sequence[LiveStep]) -> Any:
-    """A rich table: one row per client count and protection, protections side by side."""
-    from rich.table import Table
+TABLE_COLUMNS: tuple[str, ...] = (
+    "clients", "protect", "good/s", "of cap", "p50 ok", "p99 ok", "503s", "p99 503", "timeouts",
+)  # fmt: skip
+"""The columns of the demo's table (times in ms)."""
 
-    table = Table(
-        title=(
-            f"Throughput paradox, live (E1 at {config.scale:g}x time): {config.workers} worker, "
-            f"{config.service_time_s * 1e3:g} ms per request, client timeout "
-            f"{config.timeout_s * 1e3:g} ms, capacity {config.capacity_rps:g} req/s; times in ms"
-        )
-    )
-    for name in ("clients", "protect", "good/s", "of cap", "p50 ok", "p99 ok", "503s",
-                 "p99 503", "timeouts"):  # fmt: skip
-        table.add_column(name, justify="left" if name == "protect" else "right")
-    by_clients = sorted({s.clients for s in steps})
+
+def table_rows(
+    config: LiveConfig, steps: Sequence[LiveStep]
+) -> list[tuple[list[str], float, bool]]:
+    """The demo's table as text: per row, the cells (:data:`TABLE_COLUMNS`), the share of
+    capacity served and whether the row ends a client count's group. One row per client
+    count and protection, protections in ``config.protect`` order."""
+    rows: list[tuple[list[str], float, bool]] = []
     order = {name: i for i, name in enumerate(config.protect)}
-    for clients in by_clients:
+    for clients in sorted({s.clients for s in steps}):
         row_steps = sorted(
             (s for s in steps if s.clients == clients), key=lambda s: order[s.protect]
         )
         for position, step in enumerate(row_steps):
             figures = step.summary(config.capacity_rps)
             ratio = figures["goodput_ratio"]
-            style = "green" if ratio >= 0.9 else "red" if ratio < 0.5 else "yellow"
-            table.add_row(
+            cells = [
                 str(clients) if position == 0 else "",
                 step.protect,
                 f"{figures['goodput_rps']:.2f}",
-                f"[{style}]{ratio:.0%}[/{style}]",
+                f"{ratio:.0%}",
                 _ms(figures["p50_success_s"]),
                 _ms(figures["p99_success_s"]),
                 str(figures["rejected"]),
                 _ms(figures["p99_rejected_s"]),
                 str(figures["timeouts"]),
-                end_section=position == len(row_steps) - 1,
-            )
+            ]
+            rows.append((cells, ratio, position == len(row_steps) - 1))
+    return rows
+
+
+def table_title(config: LiveConfig) -> str:
+    """The demo's table title: the scale, the service and its capacity."""
+    return (
+        f"Throughput paradox, live (E1 at {config.scale:g}x time): {config.workers} worker, "
+        f"{config.service_time_s * 1e3:g} ms per request, client timeout "
+        f"{config.timeout_s * 1e3:g} ms, capacity {config.capacity_rps:g} req/s; times in ms"
+    )
+
+
+def render_table(config: LiveConfig, steps: Sequence[LiveStep]) -> Any:
+    """A rich table: one row per client count and protection, protections side by side."""
+    from rich.table import Table
+
+    table = Table(title=table_title(config))
+    for name in TABLE_COLUMNS:
+        table.add_column(name, justify="left" if name == "protect" else "right")
+    for cells, ratio, last in table_rows(config, steps):
+        style = "green" if ratio >= 0.9 else "red" if ratio < 0.5 else "yellow"
+        cells[3] = f"[{style}]{cells[3]}[/{style}]"
+        table.add_row(*cells, end_section=last)
     return table
 
 
@@ -471,6 +493,67 @@ def write_step_charts(config: LiveConfig, steps: Sequence[LiveStep], out_dir: Pa
     return written
 
 
+def write_demo_html(
+    config: LiveConfig, steps: Sequence[LiveStep], png_path: Path, html_path: Path
+) -> Path:
+    """A self-contained HTML page: the PNG at ``png_path`` inline (base64) above the demo's
+    table. Needs nothing beyond the standard library."""
+    image = base64.b64encode(png_path.read_bytes()).decode("ascii")
+    header = "".join(f"<th>{html.escape(name)}</th>" for name in TABLE_COLUMNS)
+    body = []
+    for cells, _ratio, last in table_rows(config, steps):
+        row = "".join(f"<td>{html.escape(cell)}</td>" for cell in cells)
+        body.append(f"<tr class='end'>{row}</tr>" if last else f"<tr>{row}</tr>")
+    title = html.escape(table_title(config))
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    html_path.write_text(
+        "<!doctype html>\n<html><head><meta charset='utf-8'><title>loadshed demo</title>"
+        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+        "td:nth-child(2){text-align:left}tr.end td{border-bottom:2px solid #888}</style>"
+        f"</head><body>\n<h1>loadshed demo</h1>\n<p>{title}</p>\n"
+        f"<img alt='goodput against clients' src='data:image/png;base64,{image}'>\n"
+        f"<table><thead><tr>{header}</tr></thead><tbody>\n" + "\n".join(body) + "\n"
+        "</tbody></table>\n</body></html>\n"
+    )
+    return html_path
+
+
+def _have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+NO_MATPLOTLIB = "charts skipped: matplotlib is not installed (pip install 'loadshed[charts]')"
+"""What the demo says when it cannot draw its charts (results.json is still written)."""
+DEFAULT_OUT = Path("loadshed-demo")
+"""Where ``loadshed demo`` writes its charts and results unless told (``--out``)."""
+
+
+def write_outputs(
+    config: LiveConfig, steps: Sequence[LiveStep], out_dir: Path, *, charts: bool = True
+) -> tuple[list[Path], str | None]:
+    """Write the run to ``out_dir``: ``results.json`` always; with ``charts`` (and
+    matplotlib installed) also ``demo.png`` (goodput side by side), ``demo.html`` (that
+    picture and the table, self-contained) and ``demo-<protect>.png``/``.html`` (the load
+    generator's chart per protection). Return the paths written and why charts were
+    skipped when they were asked for but could not be drawn (``None`` otherwise)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / "results.json"
+    results_path.write_text(json.dumps(results_json(config, steps), indent=2) + "\n")
+    if not charts:
+        return [results_path], None
+    if not _have_matplotlib():
+        return [results_path], NO_MATPLOTLIB
+    png = write_comparison_chart(config, steps, out_dir / "demo.png")
+    written = [png, write_demo_html(config, steps, png, out_dir / "demo.html"), results_path]
+    written += write_step_charts(config, steps, out_dir)
+    return written, None
+
+
 # ------------------------------------------------------------------------ command
 
 
@@ -506,12 +589,18 @@ def _parse_protect(text: str) -> tuple[str, ...]:
 @click.option("--duration", default="4s", show_default=True, help="Measured time per step.")
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured lead-in per step.")
 @click.option(
+    "--out",
     "--chart",
-    "chart_dir",
+    "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write demo.png (goodput side by side), demo-<protect>.png/.html and results.json here.",
+    default=DEFAULT_OUT,
+    show_default=True,
+    help=(
+        "Write demo.png (goodput side by side), demo.html (that chart and the table), "
+        "demo-<protect>.png/.html and results.json here (--chart: the same)."
+    ),
 )
+@click.option("--no-chart", "no_chart", is_flag=True, help="Write results.json only, no charts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--sim", is_flag=True, help="Run the virtual-time simulation instead (instant).")
 @click.pass_context
@@ -522,7 +611,8 @@ def demo(
     protect: str,
     duration: str,
     warmup: str,
-    chart_dir: Path | None,
+    out_dir: Path,
+    no_chart: bool,
     as_json: bool,
     sim: bool,
 ) -> None:
@@ -530,7 +620,8 @@ def demo(
 
     Starts hashburn (one worker) on 127.0.0.1 bare and behind loadshed's default adaptive
     limit, drives each with closed-loop clients whose timeout is 4 service times, and prints
-    goodput, latency of successes, 503s and timeouts side by side.
+    goodput, latency of successes, 503s and timeouts side by side. Writes the charts
+    (demo.png, demo.html) and results.json to ./loadshed-demo, or to --out DIR.
     """
     if sim:
         from loadshed.sim.cli import demo as sim_demo
@@ -580,16 +671,12 @@ def demo(
     except LiveError as error:
         raise click.ClickException(str(error)) from None
 
-    data = results_json(config, steps)
-    if chart_dir is not None:
-        written = [write_comparison_chart(config, steps, chart_dir / "demo.png")]
-        written += write_step_charts(config, steps, chart_dir)
-        results_path = chart_dir / "results.json"
-        results_path.write_text(json.dumps(data, indent=2) + "\n")
-        written.append(results_path)
-        err.print("wrote " + ", ".join(str(p) for p in written))
     if as_json:
-        click.echo(json.dumps(data, indent=2))
-        return
-    # Off a terminal (CI logs, pipes) rich would cut the table at 80 columns.
-    Console(width=None if sys.stdout.isatty() else 120).print(render_table(config, steps))
+        click.echo(json.dumps(results_json(config, steps), indent=2))
+    else:
+        # Off a terminal (CI logs, pipes) rich would cut the table at 80 columns.
+        Console(width=None if sys.stdout.isatty() else 120).print(render_table(config, steps))
+    written, skipped = write_outputs(config, steps, out_dir, charts=not no_chart)
+    if skipped is not None:
+        click.echo(skipped, err=True)
+    click.echo(f"wrote {', '.join(str(path) for path in written)}", err=True)
