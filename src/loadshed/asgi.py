@@ -226,8 +226,10 @@ class LoadShedMiddleware:
 
     def close_on_shutdown(self, limiter: Limiter) -> None:
         """Also close ``limiter`` in :meth:`shutdown` (one that ``select`` returns)."""
-        if all(limiter is not known for known in (*self.limiters, *self._also_close)):
-            self._also_close.append(limiter)
+        for known in (*self.limiters, *self._also_close):
+            if limiter is known:
+                return
+        self._also_close.append(limiter)
 
     def shutdown(self) -> int:
         """The server is stopping: answer every queued request, and every later one,
