@@ -318,7 +318,10 @@ def serve_demo(
         timeout_graceful_shutdown=cast(int, grace),
         http=_bounded_heads(),
     )
-    shutdown = getattr(app, "shutdown", None)  # LoadShedMiddleware's: 503 to the queue at once
+    from loadshed.asgi import LoadShedMiddleware
+
+    # A protected service answers its queue 503 at once on SIGTERM (--protect none has none).
+    shutdown = app.shutdown if isinstance(app, LoadShedMiddleware) else None
     server = GracefulServer(config, on_shutdown=shutdown)
     try:
         server.run(sockets=[sock])
