@@ -46,7 +46,9 @@ class GracefulServer(uvicorn.Server):
     event loop). The grace period is the config's ``timeout_graceful_shutdown``.
     """
 
-    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], Any] | None = None):
+    def __init__(
+        self, config: uvicorn.Config, on_shutdown: Callable[[], Any] | None = None
+    ) -> None:
         super().__init__(config)
         self._on_shutdown = on_shutdown
         self.signalled: int | None = None
