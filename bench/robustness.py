@@ -85,10 +85,9 @@ class Cell:
 
     @property
     def duration(self) -> float:
-        """Long enough for a few hundred service times and a few thousand requests."""
-        requests = 4000 / self.load
-        by_requests = requests * self.service_time / self.workers
-        return min(max(60 * self.service_time * 4, by_requests, 20.0), 600 * self.service_time)
+        """300 mean service times, cut to 30,000 arrivals (at least 100 service times)."""
+        rate = self.load * self.workers / self.service_time
+        return max(100 * self.service_time, min(300 * self.service_time, 30_000 / rate))
 
     def fixed_grid(self) -> list[int]:
         """The hand-set limits to sweep for the oracle: 1 .. 2 x workers."""
@@ -300,6 +299,9 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--quick", action="store_true", help="the core cells only, one seed")
+    parser.add_argument(
+        "--select", help="only these cells of the drawn list, by position from 0 (e.g. 0,3,9)"
+    )
     parser.add_argument("--out", help="markdown file (a .json beside it)")
     args = parser.parse_args()
     algorithms = tuple(a for a in args.algorithms.split(",") if a)
@@ -309,6 +311,11 @@ def main() -> int:
     if args.cells < 1 or args.seeds < 1 or args.jobs < 1:
         parser.error("--cells, --seeds and --jobs must be >= 1")
     cells = _core_cells() if args.quick else draw_cells(args.cells, args.sample_seed)
+    if args.select:
+        try:
+            cells = [cells[int(i)] for i in args.select.split(",")]
+        except (ValueError, IndexError):
+            parser.error(f"--select: positions 0..{len(cells) - 1}, got {args.select!r}")
     seeds = 1 if args.quick else args.seeds
     started = time.perf_counter()
     rows = run(cells, algorithms, seeds, args.jobs)
