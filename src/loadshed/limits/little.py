@@ -85,7 +85,7 @@ import enum
 import math
 from collections import deque
 
-from loadshed.errors import ConfigError
+from loadshed.checks import check_int, check_number
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
 
 __all__ = ["Little"]
@@ -162,18 +162,13 @@ class Little(LimitAlgorithm):
         backoff: float = 0.9,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
-        if not 0 < drain_gain <= 1:
-            raise ConfigError("drain_gain", f"must be in (0, 1], got {drain_gain}")
-        if cycle_rounds < 2:
-            raise ConfigError("cycle_rounds", f"must be >= 2, got {cycle_rounds}")
-        if filter_rounds < cycle_rounds:
-            raise ConfigError(
-                "filter_rounds", f"must be >= cycle_rounds ({cycle_rounds}), got {filter_rounds}"
-            )
-        if min_round <= 0:
-            raise ConfigError("min_round", f"must be > 0 seconds, got {min_round}")
-        if not 0 < backoff < 1:
-            raise ConfigError("backoff", f"must be in (0, 1), got {backoff}")
+        drain_gain = check_number("drain_gain", drain_gain, minimum=0, maximum=1, min_open=True)
+        cycle_rounds = check_int("cycle_rounds", cycle_rounds, minimum=2)
+        filter_rounds = check_int("filter_rounds", filter_rounds, minimum=cycle_rounds)
+        min_round = check_number("min_round", min_round, minimum=0, min_open=True, unit="seconds")
+        backoff = check_number(
+            "backoff", backoff, minimum=0, maximum=1, min_open=True, max_open=True
+        )
         self.min_limit = min_limit
         self.max_limit = max_limit
         self.drain_gain = drain_gain
