@@ -39,12 +39,14 @@ States:
 
 Guards: a request whose latency exceeds twice the minimum while the limit is more
 than one slot over the estimate brings the limit down at once (an initial guess or a
-stale estimate that is too high); a round of only drops backs the limit off by
-``backoff`` (and at once to the estimate when there is one), counting only drops
-of requests admitted under a limit no higher than the current one (drops of
-requests admitted earlier under a higher limit are old news, and a limit cannot
-climb while every request ends at the same timeout); a round with drops never
-probes.
+stale estimate that is too high); a round where most requests were dropped backs
+the limit off by ``backoff`` (and at once to the estimate when there is one),
+whatever the estimates say, since a latency that includes a queue the limit made
+would ratify it; when some of that round still succeeded, the backed-off limit is a
+ceiling until a probe succeeds. Only drops of requests admitted under a limit no
+higher than the current one count (drops of requests admitted earlier under a
+higher limit are old news, and a limit cannot climb while every request ends at the
+same timeout); a round with drops never probes.
 
 Variable service: the minimum latency assumes service times that vary little (a
 model on fixed-size inputs). When they vary (exponential, log-normal), the fastest
@@ -70,8 +72,10 @@ holds for means, so ``Little`` measures the spread and switches:
   25 % and 3 standard errors above the unqueued mean (once 32 requests back it); a
   drain still at twice the mean means a slower service; no per-request cut (one
   slow request is the tail), no ceiling from a noisy rate, a failed probe does
-  not space probes out, and drops count as overload only above 10 % of a round
-  (the slowest requests time out at any limit).
+  not space probes out, drops count as overload only above 10 % of a round (the
+  slowest requests time out at any limit), and a drop that held its slot at least
+  half the mean latency (served late) counts in the means, which would otherwise
+  keep only the requests short enough to beat the timeout.
 Means need more samples than minima: the limit settles in seconds at 100 ms per
 request rather than in a few rounds, and it runs a slot or a few above the workers
 (the knee is not sharper than the noise). A single worker at 0.5 s per request
