@@ -27,6 +27,7 @@ from loadshed.clock import Clock, reader
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
 from loadshed.limits.base import LimitAlgorithm, Sample
+from loadshed.waitbound import DEFAULT_WAIT_CEILING, AdaptiveWaitBound
 
 __all__ = [
     "DISCIPLINES",
@@ -192,11 +193,17 @@ class Admission:
         name: label for metrics and snapshots.
         max_queue: most requests waiting at once (0: no queue, refuse when full).
         max_queue_wait: longest wait in the queue in seconds; None (default) means
-            one estimated service time, so a queued request waits at most about as
-            long as it will then run. With ``fifo``, a request that finds enough
-            work ahead of it to fill this wait (queued ahead / limit x mean service
-            time >= max_queue_wait) is refused at once (``limit``) rather than
-            queued to time out.
+            the adaptive bound (:class:`~loadshed.waitbound.AdaptiveWaitBound`): one
+            estimated service time at first, growing while queued requests succeed
+            and no client gives up (up to ``adaptive_wait_ceiling`` of response
+            time), cut at once to half the wait of a client that gave up and to half
+            the learned patience. With ``fifo``, a request that finds enough work
+            ahead of it to fill this wait (queued ahead / limit x mean service time
+            >= the bound) is refused at once (``limit``) rather than queued to time
+            out.
+        adaptive_wait_ceiling: seconds of response time (queue wait plus a service
+            time) the adaptive bound may grow to while clients are patient; 0 keeps
+            the bound at one service time. Unused when ``max_queue_wait`` is set.
         discipline: ``fifo`` (default), ``lifo`` (newest first), or ``codel``
             (FIFO, switching to LIFO with a short queue timeout while the minimum
             queue wait over ``codel_interval`` exceeds ``codel_target``).
@@ -229,6 +236,7 @@ class Admission:
         learn_patience: bool = True,
         codel_target: float = 0.005,
         codel_interval: float = 0.1,
+        adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING,
     ) -> None:
         max_queue = check_int("max_queue", max_queue, minimum=0)
         # math.inf is allowed: no wait bound, the deadline alone ends a wait (AdaptiveClient).
@@ -279,6 +287,8 @@ class Admission:
         self.learn_patience = learn_patience
         self.service = ServiceTimeEstimator(initial=initial_service_time)
         self.patience = PatienceEstimator()
+        self.wait_bound = AdaptiveWaitBound(adaptive_wait_ceiling)
+        """The queue-wait bound used when ``max_queue_wait`` is None."""
         # The shortest time a request granted now should take: the lower of the mean
         # service time and the last success's, 0 until the first success (so no
         # deadline is judged on a guess). Kept as a plain float for grant_now.
@@ -358,6 +368,7 @@ class Admission:
     def client_gave_up(self, waited: float) -> None:
         """A client disconnected or timed out after ``waited`` seconds: learn its patience."""
         self.patience.add(waited)
+        self.wait_bound.gave_up(waited)
 
     def limit_changed(self) -> None:
         """Grant queued tickets now if the limit was raised outside a release.
@@ -406,7 +417,10 @@ class Admission:
             if now + expected_wait + service_high > deadline:
                 raise self._refuse(RejectReason.DEADLINE, 0.0)
 
-        max_wait = self._max_wait()
+        # A request that carries its own deadline waits by that deadline and at most
+        # one service time; the adaptive bound is for clients whose patience is unknown.
+        patient = own_deadline is None
+        max_wait = self._max_wait(adaptive=patient)
         if (
             self.discipline == "fifo"
             and ahead  # nothing ahead: it may still be granted before max_wait
@@ -416,6 +430,8 @@ class Admission:
             # The queue is full in time: what is ahead alone takes the whole wait
             # bound, so this request would only time out in the queue. Refusing now
             # answers the client at once instead of after max_wait.
+            if patient:
+                self.wait_bound.pressed()
             raise self._refuse(RejectReason.LIMIT, 0.0)
 
         if self._queued >= self.max_queue:
@@ -493,6 +509,7 @@ class Admission:
         waited = now - ticket.enqueued_at
         if reason is RejectReason.CLIENT_GONE:
             self.patience.add(waited)
+            self.wait_bound.gave_up(waited)
         self._count_reject(reason, waited)
         self._compact()
         return True
@@ -532,6 +549,8 @@ class Admission:
             _, _, ticket = heapq.heappop(heap)
             if ticket._state is _State.QUEUED:
                 timed_out = ticket.wait_expiry <= now
+                if timed_out and ticket.deadline is None:
+                    self.wait_bound.pressed()
                 reason = RejectReason.QUEUE_TIMEOUT if timed_out else RejectReason.DEADLINE
                 self._evict(ticket, reason, now)
         self._compact()
@@ -556,11 +575,22 @@ class Admission:
         self._success_at = now
         return False
 
-    def _max_wait(self) -> float:
+    def _max_wait(self, adaptive: bool = False) -> float:
         if self.max_queue_wait is not None:
             return self.max_queue_wait
         service = self.service.mean
-        return _DEFAULT_QUEUE_WAIT if service is None else service
+        if service is None:
+            return _DEFAULT_QUEUE_WAIT
+        if not adaptive:
+            return service
+        patience = self.patience.patience if self.learn_patience else None
+        return self.wait_bound.bound(service, patience)
+
+    def max_wait(self, *, own_deadline: bool = False) -> float:
+        """The queue-wait bound a request queued now gets, in seconds: the adaptive
+        bound for one without a deadline of its own, one mean service time for one with
+        (unless ``max_queue_wait`` is set)."""
+        return self._max_wait(adaptive=not own_deadline)
 
     def _cap(self, priority: Priority) -> int:
         """Slots this class may use: the limit less what is reserved for more critical ones."""
@@ -647,6 +677,8 @@ class Admission:
             if mean is not None and service_s >= 0:  # a sample the estimator took
                 self._finish_estimate = service_s if service_s < mean else mean
                 self._success_at = now
+                if token.queue_wait > 0 and token.deadline is None and self.max_queue_wait is None:
+                    self.wait_bound.succeeded(token.queue_wait, mean, self.algorithm.limit)
         if outcome is not _IGNORED and self._feed_algorithm:
             # tuple.__new__ builds the named tuple without its Python-level __new__.
             sample = _new_sample(

@@ -46,6 +46,7 @@ from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, p
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limiter import Limiter, Waiting, WorkerPool
 from loadshed.limits.base import LimitAlgorithm
+from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacer, RefusalPacing
 
 if TYPE_CHECKING:
     from loadshed.metrics import LoadshedMetrics  # prometheus_client loads on first use
@@ -103,6 +104,11 @@ class LoadShedMiddleware:
             while queued leaves the queue (``client_gone``); one that leaves while
             the app works makes the request a drop, and both teach the patience.
         limiter_options: keyword arguments for limiters the middleware builds.
+        refusal_pacing: when refusals come faster than its ``rate`` (default 1000
+            per second), hold each further one for a bounded time before its 503
+            (:mod:`loadshed.pacing`), so that clients retrying at once cannot spend
+            the CPU the app needs; None answers every refusal at once. Shutdown
+            refusals are never held.
         metrics: export every limiter here to this :class:`LoadshedMetrics`.
         metrics_path: serve those metrics at this exact path (never limited);
             needs ``metrics`` (one is created if omitted).
@@ -129,6 +135,7 @@ class LoadShedMiddleware:
         limiter_options: Mapping[str, Any] | None = None,
         metrics: LoadshedMetrics | None = None,
         metrics_path: str | None = None,
+        refusal_pacing: RefusalPacing | None = DEFAULT_REFUSAL_PACING,
     ) -> None:
         if (
             isinstance(reject_status, bool)
@@ -214,6 +221,15 @@ class LoadShedMiddleware:
             if reason is _SHUTDOWN:  # the client should reconnect elsewhere
                 headers = (*headers, (b"connection", b"close"))
             self._reject_answers[reason] = (body, headers)
+        if refusal_pacing is not None and not isinstance(refusal_pacing, RefusalPacing):
+            raise ConfigError(
+                "refusal_pacing",
+                f"expected a RefusalPacing or None, got {type(refusal_pacing).__name__}",
+            )
+        self.pacer: RefusalPacer | None = (
+            RefusalPacer(refusal_pacing) if refusal_pacing is not None else None
+        )
+        """Holds refusals beyond the pacing rate (None: pacing off)."""
         self._also_close: list[Limiter] = []
         self._signals_hooked = False
         self.shutting_down = False
@@ -316,7 +332,7 @@ class LoadShedMiddleware:
             # A free slot at once (the common case: no future made), queued, or refused.
             entry = limiter.enter(priority=priority, deadline=deadline)
         except Rejected as rejected:
-            await self._send_rejection(send, rejected)
+            await self._send_rejection(send, rejected, now)
             return
         token: Token | None
         if isinstance(entry, Token):
@@ -324,7 +340,7 @@ class LoadShedMiddleware:
         else:
             # Watched from the queue on (see _wait_in_queue), through to the end.
             watch = _Watch(receive, send, self.max_body_bytes, has_body, now, now())
-            token = await self._wait_in_queue(entry, watch, send)
+            token = await self._wait_in_queue(entry, watch, send, now)
             if token is None:
                 return
         if watch is None:
@@ -404,7 +420,9 @@ class LoadShedMiddleware:
         has_body = chunked or (content_length is not None and content_length > 0)
         return timeout, priority, content_length, has_body
 
-    async def _wait_in_queue(self, waiting: Waiting, watch: _Watch, send: Send) -> Token | None:
+    async def _wait_in_queue(
+        self, waiting: Waiting, watch: _Watch, send: Send, now: Callable[[], float]
+    ) -> Token | None:
         """Wait for a token, leaving the queue at once if the client goes.
 
         Returns the token, or None when the request ended here (client gone,
@@ -436,16 +454,27 @@ class LoadShedMiddleware:
             if watch.too_large and rejected.reason is RejectReason.LIMIT:
                 await _send_too_large(send, self.max_body_bytes)
             else:
-                await self._send_rejection(send, rejected)
+                await self._send_rejection(send, rejected, now)
             return None
         watch.on_stop = None
         watch.queued = False
         return token
 
-    async def _send_rejection(self, send: Send, rejected: Rejected) -> None:
+    async def _send_rejection(
+        self, send: Send, rejected: Rejected, now: Callable[[], float]
+    ) -> None:
         # Everything but Retry-After is prepared once per reason: under overload this
         # answers most requests, and its cost bounds how fast refused clients hear.
         reason = rejected.reason
+        pacer = self.pacer
+        if pacer is not None and reason is not _SHUTDOWN:
+            hold = pacer.hold(now(), rejected.retry_after)
+            if hold > 0.0:
+                pacer.held += 1
+                try:
+                    await asyncio.sleep(hold)
+                finally:
+                    pacer.held -= 1
         body, headers = self._reject_answers[reason]
         retry_after = max(1, math.ceil(rejected.retry_after))
         await send(

@@ -23,6 +23,7 @@ from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limits.base import LimitAlgorithm
 from loadshed.limits.workers import WorkerCount
+from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
 __all__ = ["Limiter", "Token", "Waiting", "WorkerPool"]
 
@@ -74,6 +75,9 @@ class Limiter:
         initial_service_time: float | None = None,
         learn_patience: bool = True,
         runner: WorkerPool | None = None,
+        adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING,
+        codel_target: float = 0.005,
+        codel_interval: float = 0.1,
     ) -> None:
         from loadshed.limits import make_limit
 
@@ -99,6 +103,9 @@ class Limiter:
             reserved=reserved,
             initial_service_time=initial_service_time,
             learn_patience=learn_patience,
+            adaptive_wait_ceiling=adaptive_wait_ceiling,
+            codel_target=codel_target,
+            codel_interval=codel_interval,
         )
         self.clock = clock
         self.closed = False

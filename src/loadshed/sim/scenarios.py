@@ -24,6 +24,7 @@ from loadshed.sim.fleet import make_balancer
 from loadshed.sim.metrics import LimitTrace, Phase, Recorder
 from loadshed.sim.server import Replica
 from loadshed.sim.service import ServiceModel, make_service_time
+from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
 __all__ = [
     "SIM_LIMITS",
@@ -47,6 +48,7 @@ class LimiterConfig:
     max_queue: int = 1000
     max_queue_wait: float | None = None
     discipline: str = "fifo"
+    adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING
 
     def __post_init__(self) -> None:
         name, _, value = self.limit.partition(":")
@@ -90,6 +92,7 @@ class LimiterConfig:
             max_queue=self.max_queue,
             max_queue_wait=self.max_queue_wait,
             discipline=self.discipline,
+            adaptive_wait_ceiling=self.adaptive_wait_ceiling,
         )
 
 

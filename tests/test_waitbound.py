@@ -1,0 +1,147 @@
+"""The adaptive queue-wait bound: grows while clients are patient, shrinks at once when
+one gives up (pure class, the admission core in virtual time, and the simulator)."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadshed.admission import Admission, Ticket, Token
+from loadshed.clock import VirtualClock
+from loadshed.errors import ConfigError, Rejected, RejectReason
+from loadshed.limits.fixed import Fixed
+from loadshed.sim.scenarios import LimiterConfig, ServiceConfig, run_paradox
+from loadshed.waitbound import DEFAULT_WAIT_CEILING, AdaptiveWaitBound
+
+
+def test_starts_at_one_service_time_and_grows_only_when_it_turned_requests_away() -> None:
+    bound = AdaptiveWaitBound(ceiling=1.0)
+    assert bound.bound(0.025, None) == 0.025
+    bound.succeeded(0.025, 0.025, limit=1)  # waited the whole bound, but nobody was refused
+    assert bound.bound(0.025, None) == 0.025
+    bound.pressed()
+    bound.succeeded(0.020, 0.025, limit=1)
+    assert bound.bound(0.025, None) == pytest.approx(0.05)  # one service time per slot
+    bound.succeeded(0.05, 0.025, limit=1)  # the press was used up by that growth
+    assert bound.bound(0.025, None) == pytest.approx(0.05)
+    bound.pressed()
+    bound.succeeded(0.01, 0.025, limit=1)  # waited under half the bound: no evidence
+    assert bound.bound(0.025, None) == pytest.approx(0.05)
+
+
+def test_growth_per_success_is_a_slot_share_and_stops_at_the_ceiling() -> None:
+    bound = AdaptiveWaitBound(ceiling=1.0)
+    for _ in range(1000):
+        bound.pressed()
+        bound.succeeded(bound.bound(0.1, None), 0.1, limit=4)
+    # wait + mean service never exceeds the ceiling
+    assert bound.bound(0.1, None) == pytest.approx(0.9)
+    # a slower service shortens the wait at once
+    assert bound.bound(0.4, None) == pytest.approx(0.6)
+    # and a service longer than the ceiling keeps the floor of one service time
+    assert bound.bound(2.0, None) == 2.0
+
+
+def test_a_give_up_shrinks_it_at_once_and_for_good() -> None:
+    bound = AdaptiveWaitBound(ceiling=1.0)
+    for _ in range(100):
+        bound.pressed()
+        bound.succeeded(bound.bound(0.05, None), 0.05, limit=1)
+    assert bound.bound(0.05, None) == pytest.approx(0.95)
+    bound.gave_up(0.4)
+    assert bound.bound(0.05, None) == pytest.approx(0.2)
+    bound.pressed()
+    bound.succeeded(0.2, 0.05, limit=1)
+    assert bound.bound(0.05, None) == pytest.approx(0.2)  # no growth after a give-up
+    # a learned patience caps it at half the patience, never below a service time
+    assert bound.bound(0.05, 0.3) == pytest.approx(0.15)
+    assert bound.bound(0.05, 0.06) == 0.05
+
+
+def test_zero_ceiling_keeps_one_service_time_and_bad_values_are_config_errors() -> None:
+    bound = AdaptiveWaitBound(ceiling=0)
+    bound.pressed()
+    bound.succeeded(0.1, 0.1, limit=1)
+    assert bound.bound(0.1, None) == 0.1
+    assert AdaptiveWaitBound().ceiling == DEFAULT_WAIT_CEILING
+    for bad in (-1, float("nan"), float("inf"), "1"):
+        with pytest.raises(ConfigError, match="adaptive_wait_ceiling"):
+            AdaptiveWaitBound(ceiling=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="adaptive_wait_ceiling"):
+        Admission(Fixed(1), VirtualClock(), adaptive_wait_ceiling=-0.5)
+
+
+def test_admission_queues_patient_clients_longer_and_requests_with_deadlines_do_not() -> None:
+    clock = VirtualClock()
+    adm = Admission(Fixed(1), clock)
+    granted: list[Token] = []
+
+    def submit() -> None:
+        adm.submit(on_grant=granted.append, on_reject=lambda _: None)
+
+    token = adm.try_acquire()  # learn the service time: 0.1 s
+    clock.advance(0.1)
+    token.success()
+    assert adm.max_wait() == pytest.approx(0.1)
+    refused = []
+    for _ in range(40):
+        # Patient clients arrive together: the queue takes what fits in the bound,
+        # the rest is refused (which presses the bound); then everything is served.
+        running: Token | None = adm.try_acquire()
+        while True:
+            try:
+                submit()
+            except Rejected as rejected:
+                assert rejected.reason is RejectReason.LIMIT
+                refused.append(adm.queue_length)
+                break
+        while running is not None:
+            clock.advance(0.1)
+            running.success()
+            running = granted.pop(0) if granted else None
+    # The queue grew from 1 to 9 requests: 0.9 s of wait, 1 s of response at most.
+    assert refused[0] == 1
+    assert refused[-1] == 9
+    assert adm.max_wait() == pytest.approx(0.9)
+    assert adm.max_wait(own_deadline=True) == pytest.approx(0.1)  # deadlines: as before
+    # One client gives up after 0.5 s in the queue: the bound halves that, at once.
+    adm.try_acquire()
+    ticket = adm.submit(on_grant=granted.append, on_reject=lambda _: None)
+    clock.advance(0.5)
+    assert isinstance(ticket, Ticket) and adm.cancel(ticket)
+    assert adm.max_wait() == pytest.approx(0.25)
+
+
+def _paradox(ceiling: float, timeout: float, clients: int = 64) -> dict[str, float]:
+    result = run_paradox(
+        limiter=LimiterConfig("fixed", limit_value=1, adaptive_wait_ceiling=ceiling),
+        clients=(clients,),
+        service=ServiceConfig(0.025),
+        timeout=timeout,
+        send_deadline=False,
+        duration=20.0,
+    )
+    step: dict[str, float] = result["steps"][0]
+    return step
+
+
+def test_simulated_patient_closed_loop_is_queued_instead_of_refused() -> None:
+    # 32 clients that retry at once, 2 s timeout, no deadline, a 25 ms model: with the
+    # bound at one service time nearly every request is a refusal; grown to ~1 s, the
+    # clients wait in the queue (0.8 s) and nobody times out.
+    fixed_bound = _paradox(0.0, timeout=2.0, clients=32)
+    adaptive = _paradox(DEFAULT_WAIT_CEILING, timeout=2.0, clients=32)
+    assert adaptive["timed_out"] == 0
+    assert adaptive["goodput_ratio"] >= 0.95
+    assert adaptive["rejected"] * 20 < fixed_bound["rejected"]
+
+
+def test_simulated_impatient_clients_shrink_it_after_a_few_give_ups() -> None:
+    # The same model with clients that give up after 4 service times (0.1 s): the
+    # bound grows until the first give-ups and then stays short, so there are hardly
+    # more time-outs than with the bound held at one service time, and goodput holds.
+    for clients in (4, 16):
+        fixed_bound = _paradox(0.0, timeout=0.1, clients=clients)
+        impatient = _paradox(DEFAULT_WAIT_CEILING, timeout=0.1, clients=clients)
+        assert impatient["timed_out"] <= fixed_bound["timed_out"] + 5
+        assert impatient["goodput_ratio"] >= 0.95
+        assert impatient["p99_success_s"] <= 0.1
