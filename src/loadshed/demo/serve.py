@@ -36,6 +36,7 @@ reaped, and the process exits 0 (:class:`~loadshed.proxy.shutdown.GracefulServer
 
 from __future__ import annotations
 
+import math
 import socket
 import sys
 from typing import Any, cast
@@ -44,6 +45,7 @@ import click
 
 from loadshed.demo import DEMO_MODELS
 from loadshed.errors import ConfigError
+from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacing
 from loadshed.proxy.shutdown import DEFAULT_GRACE, GracefulServer, check_grace
 from loadshed.units import DURATION
 
@@ -83,10 +85,23 @@ def validate_protect(protect: str) -> str:
 
 
 def protect_app(
-    app: Any, protect: str, workers: int, deadline_target: float = DEFAULT_DEADLINE_TARGET
+    app: Any,
+    protect: str,
+    workers: int,
+    deadline_target: float = DEFAULT_DEADLINE_TARGET,
+    *,
+    refusal_rate: float = DEFAULT_REFUSAL_PACING.rate,
 ) -> Any:
-    """Wrap the ASGI ``app`` as ``--protect`` says (see the module docstring)."""
+    """Wrap the ASGI ``app`` as ``--protect`` says (see the module docstring).
+
+    ``refusal_rate``: refusals per second answered at once before further ones are
+    held (:mod:`loadshed.pacing`); 0 answers every refusal at once.
+    """
     from loadshed.asgi import LoadShedMiddleware
+
+    if not (math.isfinite(refusal_rate) and refusal_rate >= 0):
+        raise ConfigError("--refusal-rate", f"must be a number >= 0, got {refusal_rate!r}")
+    pacing = None if refusal_rate == 0 else RefusalPacing(rate=refusal_rate)
 
     protect = validate_protect(protect)
     if protect == "none":
@@ -101,6 +116,7 @@ def protect_app(
                 "learn_patience": False,
             },
             metrics_path="/metrics",
+            refusal_pacing=pacing,
         )
     if protect == "deadline":
         return LoadShedMiddleware(
@@ -113,8 +129,9 @@ def protect_app(
                 "learn_patience": False,
             },
             metrics_path="/metrics",
+            refusal_pacing=pacing,
         )
-    return LoadShedMiddleware(app, limit=protect, metrics_path="/metrics")
+    return LoadShedMiddleware(app, limit=protect, metrics_path="/metrics", refusal_pacing=pacing)
 
 
 def build_app(
@@ -127,6 +144,7 @@ def build_app(
     service_dist: str | None = None,
     sigma: float | None = None,
     seed: int | None = None,
+    refusal_rate: float = DEFAULT_REFUSAL_PACING.rate,
 ) -> Any:
     """Build demo service ``model`` with its settings, wrapped as ``protect`` says.
 
@@ -169,7 +187,9 @@ def build_app(
         # The service names its setting (service_time); the user typed the flag.
         flag = "--" + error.field.replace("_", "-")
         raise ConfigError(flag, str(error).split(": ", 1)[1]) from None
-    return protect_app(app, protect, int(app.state.workers), deadline_target)
+    return protect_app(
+        app, protect, int(app.state.workers), deadline_target, refusal_rate=refusal_rate
+    )
 
 
 def hashburn_pool_app(service_time: float = 0.5, workers: int = 1) -> Any:
@@ -248,6 +268,14 @@ def _bounded_heads() -> type[Any]:
     help="Response-time target of --protect deadline, seconds.",
 )
 @click.option(
+    "--refusal-rate",
+    type=float,
+    default=DEFAULT_REFUSAL_PACING.rate,
+    show_default=True,
+    help="Refusals per second answered at once; beyond it each 503 is held (at most the "
+    "expected wait, 1 s) so clients that retry at once cost bounded CPU (0: never hold).",
+)
+@click.option(
     "--grace",
     type=DURATION,
     default=f"{DEFAULT_GRACE:g}s",
@@ -271,6 +299,7 @@ def serve_demo(
     sigma: float | None,
     seed: int | None,
     deadline_target: float,
+    refusal_rate: float,
     grace: float,
     host: str,
     port: int,
@@ -292,6 +321,7 @@ def serve_demo(
             service_dist=service_dist,
             sigma=sigma,
             seed=seed,
+            refusal_rate=refusal_rate,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from None

@@ -590,6 +590,7 @@ def create_proxy(
                 name=str(url),
                 max_queue=config.max_queue,
                 max_queue_wait=config.max_queue_wait,
+                adaptive_wait_ceiling=config.wait_ceiling,
             ),
         )
         for url in config.upstreams
@@ -624,6 +625,7 @@ def create_proxy(
         max_body_bytes=config.max_body_bytes,
         default_timeout=config.deadline,
         metrics=metrics,
+        refusal_pacing=config.refusal_pacing,
     )
     metrics.track_all(u.limiter for u in upstreams)
     for upstream in upstreams:  # chosen by select: the middleware's shutdown closes them too

@@ -28,12 +28,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loadshed.clickutil import OneLineCommand
+from loadshed.pacing import DEFAULT_REFUSAL_PACING
 from loadshed.proxy.app import ProxyApp, create_proxy
 from loadshed.proxy.config import ProxyConfig, parse_listen, parse_upstream
 from loadshed.proxy.listen import bind_listener
 from loadshed.proxy.security import bounded_protocol, client_connections
 from loadshed.proxy.shutdown import DEFAULT_GRACE, GracefulServer
 from loadshed.units import DURATION
+from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
 __all__ = ["proxy", "server_config"]
 
@@ -169,6 +171,29 @@ def _to_config(**values: Any) -> ProxyConfig:
     type=DURATION,
     default=None,
     help="Longest wait in the queue (default: from the learned service time).",
+)
+@click.option(
+    "--wait-ceiling",
+    type=DURATION,
+    default=DEFAULT_WAIT_CEILING,
+    show_default=True,
+    help="Without --max-queue-wait: longest response time (queue wait + service) the "
+    "adaptive wait bound grows to while clients are patient (0: one service time).",
+)
+@click.option(
+    "--refusal-rate",
+    type=float,
+    default=DEFAULT_REFUSAL_PACING.rate,
+    show_default=True,
+    help="Refusals per second answered at once; beyond it each 503 is held (bounded) "
+    "so clients that retry at once cost bounded CPU (0: never hold).",
+)
+@click.option(
+    "--max-refusal-hold",
+    type=DURATION,
+    default=DEFAULT_REFUSAL_PACING.max_hold,
+    show_default=True,
+    help="Longest a refusal is held by --refusal-rate.",
 )
 @click.option(
     "--deadline",

@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 from loadshed.errors import ConfigError
 from loadshed.limits import make_limit
+from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacing
+from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
 __all__ = ["ProxyConfig", "UpstreamURL", "parse_listen", "parse_upstream"]
 
@@ -116,6 +118,11 @@ class ProxyConfig:
       ``upstream_timeout``): most servers keep working on abandoned requests, and
       freeing the slot early would overload them. ``False`` closes the upstream
       connection at once, for servers that stop work on disconnect.
+    - ``wait_ceiling`` 1 s: without ``max_queue_wait`` the queue's wait bound starts at
+      one service time and grows while clients are patient up to this response time
+      (:mod:`loadshed.waitbound`).
+    - ``refusal_rate`` 1000/s, ``max_refusal_hold`` 1 s: refusals beyond this rate are
+      held before their 503 (:mod:`loadshed.pacing`); 0 turns it off.
     - ``grace`` 10 s: on SIGTERM, requests in flight get this long to finish (queued
       ones are answered 503 at once), then the proxy exits.
     """
@@ -126,6 +133,9 @@ class ProxyConfig:
     limit: str = "little"
     max_queue: int = 1000
     max_queue_wait: float | None = None
+    wait_ceiling: float = DEFAULT_WAIT_CEILING
+    refusal_rate: float = DEFAULT_REFUSAL_PACING.rate
+    max_refusal_hold: float = DEFAULT_REFUSAL_PACING.max_hold
     deadline: float | None = None
     upstream_timeout: float = 30.0
     connect_timeout: float = 2.0
@@ -158,6 +168,13 @@ class ProxyConfig:
             raise ConfigError("--max-queue", f"must be an integer >= 0, got {self.max_queue}")
         _positive(self.max_queue_wait, "--max-queue-wait")
         _positive(self.deadline, "--deadline")
+        for flag, value in (
+            ("--wait-ceiling", self.wait_ceiling),
+            ("--refusal-rate", self.refusal_rate),
+            ("--max-refusal-hold", self.max_refusal_hold),
+        ):
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(flag, f"must be a number >= 0, got {value!r}")
         _positive(self.upstream_timeout, "--upstream-timeout", allow_none=False)
         _positive(self.connect_timeout, "--connect-timeout", allow_none=False)
         _positive(self.read_timeout, "--read-timeout", allow_none=False)
@@ -182,3 +199,10 @@ class ProxyConfig:
             raise ConfigError("--reject-status", f"got {self.reject_status}, allowed: 429|503")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError("--metrics-port", f"must be 0..65535, got {self.metrics_port}")
+
+    @property
+    def refusal_pacing(self) -> RefusalPacing | None:
+        """The refusal pacing these settings ask for (None: off)."""
+        if self.refusal_rate == 0:
+            return None
+        return RefusalPacing(rate=self.refusal_rate, max_hold=self.max_refusal_hold)
