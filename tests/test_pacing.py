@@ -132,3 +132,21 @@ async def test_a_storm_of_immediate_retries_is_answered_at_the_pacing_rate() -> 
     # Every hold is bounded by max_hold (0.5 s), with generous slack for a busy machine.
     assert max(latency for _, latency, _ in paced) < 0.5 + 0.5
     assert app.pacer.held_total > 0
+
+
+def test_metrics_export_held_refusals_and_the_wait_bound() -> None:
+    from prometheus_client import generate_latest
+
+    from loadshed.metrics import LoadshedMetrics
+
+    metrics = LoadshedMetrics()
+    app = LoadShedMiddleware(
+        _blocked_app, limit="fixed:1", metrics=metrics, refusal_pacing=RefusalPacing(rate=10.0)
+    )
+    assert app.pacer is not None
+    for _ in range(5):
+        app.pacer.hold(now=0.0, expected_wait=1.0)
+    text = generate_latest(metrics.registry).decode()
+    assert "loadshed_refusals_held_total 3.0" in text  # a burst of 0.1 s at 10/s: 2 at once
+    assert "loadshed_refusal_hold_seconds_total 0.6" in text  # 0.1 + 0.2 + 0.3
+    assert 'loadshed_queue_wait_bound_seconds{limiter="default"} 1.0' in text  # no sample yet

@@ -13,7 +13,11 @@ Exported, labelled by limiter name:
   costs a request nothing beyond the limiter's own dict increment;
 - ``loadshed_queue_wait_seconds`` and ``loadshed_service_seconds`` histograms with
   buckets from 1 ms to 30 s;
-- ``loadshed_malformed_headers_total{header}`` from tracked middleware.
+- ``loadshed_queue_wait_bound_seconds``: the wait bound a request without a deadline
+  gets now (:mod:`loadshed.waitbound`);
+- ``loadshed_malformed_headers_total{header}``, ``loadshed_refusals_held_total`` and
+  ``loadshed_refusal_hold_seconds_total`` (refusal pacing, :mod:`loadshed.pacing`) from
+  tracked middleware.
 
 Limiters that share a name (every limiter is ``default`` unless named) are exported
 as one: limits, in-flight and queued requests and the counts add up, the estimates
@@ -121,6 +125,12 @@ class _StateCollector(Collector):
                 lambda a: a.patience.patience,
                 False,
             ),
+            (
+                "loadshed_queue_wait_bound_seconds",
+                "Longest wait a request without a deadline may queue for now.",
+                lambda a: a.max_wait(),
+                False,
+            ),
         ]
         requests = CounterMetricFamily(
             "loadshed_requests",
@@ -159,6 +169,19 @@ class _StateCollector(Collector):
         for header, count in sorted(by_header.items()):
             malformed.add_metric([header], count)
         yield malformed
+        pacers = [m.pacer for m in self.middlewares if m.pacer is not None]
+        held = CounterMetricFamily(
+            "loadshed_refusals_held",
+            "Refusals held before their 503 because refusals came faster than the pacing rate.",
+        )
+        held.add_metric([], sum(p.held_total for p in pacers))
+        yield held
+        hold_seconds = CounterMetricFamily(
+            "loadshed_refusal_hold_seconds",
+            "Seconds of hold given to paced refusals.",
+        )
+        hold_seconds.add_metric([], sum(p.hold_seconds_total for p in pacers))
+        yield hold_seconds
 
 
 class LoadshedMetrics:
