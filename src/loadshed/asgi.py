@@ -104,7 +104,7 @@ class LoadShedMiddleware:
             while queued leaves the queue (``client_gone``); one that leaves while
             the app works makes the request a drop, and both teach the patience.
         limiter_options: keyword arguments for limiters the middleware builds.
-        refusal_pacing: when refusals come faster than its ``rate`` (default 1000
+        refusal_pacing: when refusals come faster than its ``rate`` (default 500
             per second), hold each further one for a bounded time before its 503
             (:mod:`loadshed.pacing`), so that clients retrying at once cannot spend
             the CPU the app needs; None answers every refusal at once. Shutdown

@@ -121,7 +121,7 @@ class ProxyConfig:
     - ``wait_ceiling`` 1 s: without ``max_queue_wait`` the queue's wait bound starts at
       one service time and grows while clients are patient up to this response time
       (:mod:`loadshed.waitbound`).
-    - ``refusal_rate`` 1000/s, ``max_refusal_hold`` 1 s: refusals beyond this rate are
+    - ``refusal_rate`` 500/s, ``max_refusal_hold`` 1 s: refusals beyond this rate are
       held before their 503 (:mod:`loadshed.pacing`); 0 turns it off.
     - ``grace`` 10 s: on SIGTERM, requests in flight get this long to finish (queued
       ones are answered 503 at once), then the proxy exits.
