@@ -3,13 +3,22 @@ one gives up (pure class, the admission core in virtual time, and the simulator)
 
 from __future__ import annotations
 
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+import aiohttp
 import pytest
 
 from loadshed.admission import Admission, Ticket, Token
+from loadshed.asgi import LoadShedMiddleware
 from loadshed.clock import VirtualClock
 from loadshed.errors import ConfigError, Rejected, RejectReason
+from loadshed.limiter import Limiter
 from loadshed.limits.fixed import Fixed
 from loadshed.sim.scenarios import LimiterConfig, ServiceConfig, run_paradox
+from loadshed.testing import serve
 from loadshed.waitbound import DEFAULT_WAIT_CEILING, AdaptiveWaitBound
 
 
@@ -145,3 +154,51 @@ def test_simulated_impatient_clients_shrink_it_after_a_few_give_ups() -> None:
         assert impatient["timed_out"] <= fixed_bound["timed_out"] + 5
         assert impatient["goodput_ratio"] >= 0.95
         assert impatient["p99_success_s"] <= 0.1
+
+
+async def _sleep_app(scope: Any, receive: Any, send: Any) -> None:
+    """20 ms of 'work' per request (a sleep: the test needs no CPU)."""
+    await asyncio.sleep(0.02)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def _closed_loop(url: str, clients: int, seconds: float, timeout: float | None) -> Any:
+    """Clients that send again at once after any answer (or their own timeout)."""
+    outcomes: Counter[str] = Counter()
+    stop = time.monotonic() + seconds
+    client_timeout = aiohttp.ClientTimeout(total=timeout)
+    async with aiohttp.ClientSession(timeout=client_timeout) as session:
+
+        async def loop() -> None:
+            while time.monotonic() < stop:
+                try:
+                    async with session.get(url) as response:
+                        await response.read()
+                        outcomes[str(response.status)] += 1
+                except asyncio.TimeoutError:
+                    outcomes["timeout"] += 1
+
+        await asyncio.gather(*(loop() for _ in range(clients)))
+    return outcomes
+
+
+async def test_real_server_bound_grows_for_patient_clients_and_shrinks_at_once() -> None:
+    limiter = Limiter("fixed:1")
+    app = LoadShedMiddleware(_sleep_app, limiter=limiter, refusal_pacing=None)
+    with serve(app) as base_url:
+        url = f"{base_url}/x"
+        # 16 patient clients on a 20 ms "model": a bound of one service time refuses
+        # most of their requests; it grows until they all fit (16 x 20 ms).
+        await _closed_loop(url, clients=16, seconds=2.0, timeout=None)
+        grown = limiter.admission.max_wait()
+        assert grown > 0.3
+        refused_before = limiter.admission.counts["rejected:limit"]
+        patient = await _closed_loop(url, clients=16, seconds=1.5, timeout=None)
+        assert patient["200"] >= 30
+        assert limiter.admission.counts["rejected:limit"] - refused_before <= 5, patient
+        # Clients that give up after 0.15 s: the bound comes down at once to half
+        # their wait, and stays below their patience.
+        impatient = await _closed_loop(url, clients=16, seconds=1.5, timeout=0.15)
+        assert impatient["timeout"] >= 1
+        assert limiter.admission.max_wait() <= 0.08, impatient
