@@ -8,7 +8,13 @@ import pytest
 from loadshed.limits.base import Sample
 from loadshed.limits.knee import fit_knee
 from loadshed.limits.little import Little
-from loadshed.sim.scenarios import LimiterConfig, ServiceConfig, run_capacity_change, run_paradox
+from loadshed.sim.scenarios import (
+    LimiterConfig,
+    ServiceConfig,
+    run_capacity_change,
+    run_fleet,
+    run_paradox,
+)
 
 
 def feed_fifo_origin(little: Little, *, workers: int, service: float, seconds: float) -> None:
@@ -303,3 +309,20 @@ def test_fit_knee_keeps_flat_levels_flat() -> None:
     assert knee.workers is None
     assert knee.service == pytest.approx(15.3 / 150)
     assert fit_knee([], sd=0.1) is None
+
+
+def test_a_replica_that_never_saturates_still_learns_its_rate() -> None:
+    # bench/sim_compare.py's fleet: 100 replicas of 2 lognormal workers at 80 % load,
+    # 10 % of them 4x slower for the middle third. A replica whose rounds are all
+    # app-limited filled no rate window and had no estimate until the slowdown,
+    # then ran a limit of 1 on 2 slowed workers for 15 s (during: 0.977, 248 503s).
+    # Before a rate is known, quiet rounds fill the first window.
+    result = run_fleet(
+        limiter=LimiterConfig("little"),
+        replicas=100,
+        balancer="least-outstanding",
+        duration=60.0,
+        seed=1,
+    )
+    during = result["steps"][1]
+    assert during["goodput_ratio"] >= 0.985, during

@@ -641,13 +641,15 @@ class Little(LimitAlgorithm):
         # as the spread of service times needs for a precise rate (a maximum over
         # rounds of a few requests each would overcount: with exponential service, 8
         # requests read the capacity +-35 %, and the maximum of 10 such rounds some
-        # 50 % high). A quiet round's rate is still a lower bound on capacity: it
-        # carries the maximum forward.
+        # 50 % high). A quiet (app-limited) round's rate still bounds the capacity
+        # from below: it carries the maximum forward; before any rate is known,
+        # quiet rounds fill the first window (a replica at 80 % load may never
+        # saturate: without it, no estimate until a slowdown, then a limit of 1).
         previous_seen, previous_rtt, previous_count = self._previous_rate_parts
         pooled_count = completed + previous_count
-        if not measuring:
+        if not measuring and self._vrates:
             self._previous_rate_parts = (0.0, 0.0, 0.0)
-            if rtt_sum > 0 and self._vrates:
+            if rtt_sum > 0:
                 pooled = seen / max(rtt_sum, _MIN_INTERVAL)
                 self._push_rate(max(pooled, self._vrate_max), float(completed))
         elif rtt_sum > 0 and pooled_count >= self._rate_window_need():
