@@ -73,23 +73,25 @@ holds for means, so ``Little`` measures the spread and switches:
   of requests (at least 80); the cruise limit rounds the estimate up (a slot too
   few idles a worker). A maximum over rounds of 8 to 16 requests read exponential
   service some 25 % high, and rounds of one request (a limit of 1 or 2 on minima)
-  put a rate of many times the capacity into it;
+  put a rate of many times the capacity into it. Before any rate is known,
+  app-limited rounds fill the first window (a replica at 80 % load may never
+  saturate); after, they only carry the maximum forward;
 - start-up again (rounds of 4 completions; once 32 requests back the mean, a
-  stalled rate doubles anyway, a queue ends it); a round queued when its mean is
-  25 % and 3 standard errors (of the round's mean and the baseline's) above the
-  unqueued mean (once 32 requests back it);
-- a drain from cruise still at twice the mean drains again to half its limit: if
-  the mean falls below 0.75 x the first drain's, it was a queue (workers lost:
-  the rate restarts from limit / mean, Little's law at the origin, and the levels
-  above the new worker count are forgotten); otherwise the service got slower.
-  Not after start-up or a probe (their overshoot still queues), and not when a
-  queue would leave less than one worker (the rise exceeds the limit);
-- no per-request cut (one
-  slow request is the tail), no ceiling from a noisy rate, a failed probe does
-  not space probes out, drops count as overload only above 10 % of a round (the
-  slowest requests time out at any limit), and a drop that held its slot at least
-  half the mean latency (served late) counts in the means, which would otherwise
-  keep only the requests short enough to beat the timeout.
+  stalled rate doubles anyway; a queue ends it, drops alone do not: without a
+  queue at the origin they are requests that waited for a slot past their
+  client's patience, which more slots would serve sooner); a round queued when its
+  mean is 25 % and 3 standard errors (of the round's mean and the baseline's) above
+  the unqueued mean (once 32 requests back it);
+- a drain still at twice the mean means a slower service, but a drain after
+  start-up or a probe first runs one more round: it still sees the queue of the
+  overshoot (a probe doubled to 46 slots on 16 workers, and that queue reset the
+  estimate to 7);
+- no per-request cut (one slow request is the tail), no ceiling from a noisy
+  rate, a failed probe does not space probes out, drops count as overload only
+  above 10 % of a round (the slowest requests time out at any limit), and a drop
+  that held its slot at least half the mean latency (served late) counts in the
+  means, which would otherwise keep only the requests short enough to beat the
+  timeout.
 Means need more samples than minima: the limit settles in seconds at 100 ms per
 request rather than in a few rounds, and it runs a slot or a few above the workers
 (the knee is not sharper than the noise). A single worker at 0.5 s per request
@@ -125,8 +127,7 @@ _VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean mean
 _VARIABLE_STARTUP_ROUND = 4  # ... in start-up, where the rate doubles from round to round
 _VARIABLE_QUEUE_RISE = 1.25  # round mean over this x the unqueued mean (and significant)
 _VARIABLE_Z = 3.0  # standard errors a round mean must rise by to count as a queue
-_VARIABLE_SLOWER = 2.0  # a drain's mean over this x the unqueued mean: drain deeper
-_DEEP_DRAIN_QUEUE = 0.75  # the deeper drain's mean under this x the first's: a queue
+_VARIABLE_SLOWER = 2.0  # a drain's mean over this x the unqueued mean: slower service
 _VARIABLE_DROPS = 0.1  # share of a round's requests dropped that means overload
 _VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are judged by it
 _LEVEL_MEMORY = 256.0  # requests: a level's mean weighs at most this many
@@ -228,9 +229,6 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
-        # (limit, mean latency) of a drain that did not bring the mean down, while a
-        # second drain at half that limit tells fewer workers from a slower service.
-        self._deep_drain: tuple[int, float] | None = None
         self._drain_from = _State.STARTUP  # the state the last drain began in
         self._knee: int | None = None  # the last fit's knee (see _fold_levels)
         # Variable service (see the module docstring): the delivery rate of each
@@ -474,35 +472,17 @@ class Little(LimitAlgorithm):
         if variable:
             latency = round_mean
             rate = own_rate = pooled_rate
-        deep = self._deep_drain
-        self._deep_drain = None
-        if variable and self._state is _State.DRAIN and deep is not None:
-            # The second drain, at half the first one's limit: a queue shrinks with
-            # the limit (latency in proportion to it above the knee), a slower
-            # service does not.
-            first_limit, first_mean = deep
-            if latency < _DEEP_DRAIN_QUEUE * first_mean:
-                self._fewer_workers(first_limit, first_mean)
-                self._enter_cruise_if_known()
-                return
-            queue_formed = True  # judged below as a slower service
-        elif (
+        if (
             variable
             and self._state is _State.DRAIN
+            and self._drain_from is not _State.CRUISE
             and queue_formed
             and latency > _VARIABLE_SLOWER * self._latency_mean
-            and self._limit > self.min_limit
-            # (a drain after start-up or a probe still sees the overshoot's queue)
-            and self._drain_from is _State.CRUISE
-            # A queue explains the rise only if it leaves at least one worker: at
-            # limit L, latency L x the service means one worker; more is slower.
-            and latency <= self._limit * self._latency_mean
         ):
-            # The drain's mean still twice the unqueued one: fewer workers (a queue
-            # the small drain did not empty) or a slower service. Drain again, to
-            # half the limit, to tell which.
-            self._deep_drain = (self._limit, latency)
-            self._limit = self._clamp(self._limit // 2)
+            # A drain after start-up or a probe still sees the queue its overshoot
+            # made, which says nothing of the service: drain one more round, then
+            # judge as from cruise.
+            self._drain_from = _State.CRUISE
             return
         if (
             self._state is _State.DRAIN
@@ -751,21 +731,6 @@ class Little(LimitAlgorithm):
             self._latency_weight = knee.weight
             self._knee = knee.workers
 
-    def _fewer_workers(self, limit: int, mean: float) -> None:
-        """A drain showed a queue at ``limit``: workers were lost; restart the rate.
-
-        Above the knee, latency = service x limit / workers, so the workers are
-        limit x service / mean (Little's law at the origin), and the capacity
-        limit / mean. Level statistics above those workers describe the past.
-        """
-        workers = limit * self._latency_mean / mean
-        self._vrates.clear()
-        self._vrates_count = 0.0
-        self._previous_rate_parts = (0.0, 0.0, 0.0)
-        self._push_rate(limit / mean, 0.0)
-        for level in [level for level in self._level_stats if level > workers]:
-            del self._level_stats[level]
-
     def _enter_cruise_if_known(self) -> None:
         bdp = self.estimate()
         if bdp > 0:
@@ -774,7 +739,11 @@ class Little(LimitAlgorithm):
     def _startup_round(
         self, rate: float, measuring: bool, queue_formed: bool, dropped: bool, bdp: float
     ) -> None:
-        if queue_formed or dropped:
+        # With variable service, drops without a queue at the origin are requests
+        # that waited in front of the limit past their client's patience (or the
+        # service's own tail): more slots would serve them sooner, not drop more.
+        # Only a queue ends start-up (most-dropped rounds still back off, above).
+        if queue_formed or (dropped and not self._variable):
             self._enter_drain()
             return
         if not measuring and self._startup_best_rate == 0:
