@@ -367,3 +367,22 @@ def test_a_probe_overshoot_is_not_taken_for_a_slower_service() -> None:
         timeout=5.0,
     )
     assert share >= 0.78
+
+
+def test_the_fitted_knee_is_a_floor_for_the_limit() -> None:
+    # 16 constant workers behind 32 closed-loop clients (means on: the closed loop
+    # spreads the latencies): the rate estimate, pooled for precision, lags below
+    # the workers (0.84 of capacity); the knee of latency against in-flight shows
+    # that 16 levels ran without a queue, and the limit stays at least there.
+    result = run_paradox(
+        limiter=LimiterConfig("little"),
+        clients=(32,),
+        workers=16,
+        service=ServiceConfig(0.1),
+        timeout=0.5,
+        send_deadline=False,
+        duration=30.0,
+        origin_queue=None,
+        seed=1,
+    )
+    assert result["steps"][0]["goodput_ratio"] >= 0.90

@@ -66,7 +66,8 @@ holds for means, so ``Little`` measures the spread and switches:
   levels together weigh at most 2048 (a level no longer visited fades). A walk up
   from the lowest level let the queue's rise of S / W per level (3 % on 32
   workers, inside the noise) join the mean level after level: the limit ran 20 to
-  30 % above the workers;
+  30 % above the workers. The fitted knee (when there is one) is also a floor
+  for the cruise limit: the levels up to it showed no queue;
 - rate: completions seen over latency, pooled over windows of whole rounds until a
   window holds (cv / 5 %)^2 requests, or enough for half a slot of the estimate if
   that is fewer (8 to 1024; 8 in start-up), maximum over the last 3 windows' worth
@@ -788,11 +789,15 @@ class Little(LimitAlgorithm):
         """The cruise limit: the estimate, under the ceiling a drain may have found.
 
         With variable service, rounded up: a slot too many queues a little, a slot
-        too few idles a worker, and the estimate is noisy.
+        too few idles a worker, and the estimate is noisy; and at least the fitted
+        knee: the levels up to it showed no queue, so there are at least that many
+        workers (the rate, pooled for precision, is slower to show it).
         """
         base = self._slots(bdp)
         if self._variable and math.isfinite(bdp):
             base = max(1, math.ceil(bdp))
+            if self._knee is not None:
+                base = max(base, self._knee)
         return base if self._ceiling is None else min(base, self._ceiling)
 
     def _enter_probe(self, rate: float, bdp: float) -> None:
