@@ -54,28 +54,45 @@ request is far below the mean, a short request's own delivery rate is far above
 the capacity, and rate x minimum latency undercounts the workers. Little's law
 holds for means, so ``Little`` measures the spread and switches:
 - spread: successive differences of the latencies of requests admitted at the same
-  in-flight level, at levels up to the estimate, over 20 rounds. A queue differs
-  between levels and a step change (a slower model) adds one term, so neither
-  reads as variation. A coefficient of variation above 0.15 (after 4 differences)
-  turns means on, below 0.07 off; constant service (spread 0) stays on minima;
-- latency: the mean of the requests that saw no queue. Per in-flight level, the
-  mean latency (a moving mean over its last 256 requests, so a level seldom
-  visited keeps its weight); walking up from the lowest level, a level joins while
-  it is not both 10 % and 3 standard errors above the levels below, and the walk
-  stops at the first of two such levels in a row (a queue raises every level above
-  the knee, whatever the estimate, so a small queue cannot creep into the mean);
-- rate: completions seen over latency, pooled over every request of two rounds
-  (rounds of at least 8 completions), maximum over 10 rounds; the cruise limit
-  rounds the estimate up (a slot too few idles a worker);
+  in-flight level, at levels up to the estimate and up to the fitted knee (below),
+  over 20 rounds. A queue differs between levels and a step change (a slower
+  model) adds one term, so neither reads as variation. A coefficient of variation
+  above 0.15 (after 4 differences) turns means on, below 0.07 off; constant service
+  (spread 0) stays on minima;
+- latency: the mean service time without a queue, from a least-squares fit of
+  ``R(k) = S x max(1, k / W)`` to the mean latency of every in-flight level at once
+  (``loadshed.limits.knee``; a knee is kept only when it beats a flat line by 3
+  standard errors). Per level, a moving mean over its last 256 requests, and all
+  levels together weigh at most 2048 (a level no longer visited fades). A walk up
+  from the lowest level let the queue's rise of S / W per level (3 % on 32
+  workers, inside the noise) join the mean level after level: the limit ran 20 to
+  30 % above the workers. The fitted knee (when there is one) is also a floor
+  for the cruise limit: the levels up to it showed no queue;
+- rate: completions seen over latency, pooled over windows of whole rounds until a
+  window holds (cv / 5 %)^2 requests, or enough for half a slot of the estimate if
+  that is fewer (8 to 1024; 8 in start-up), maximum over the last 3 windows' worth
+  of requests (at least 80); the cruise limit rounds the estimate up (a slot too
+  few idles a worker). A maximum over rounds of 8 to 16 requests read exponential
+  service some 25 % high, and rounds of one request (a limit of 1 or 2 on minima)
+  put a rate of many times the capacity into it. Before any rate is known,
+  app-limited rounds fill the first window (a replica at 80 % load may never
+  saturate); after, they only carry the maximum forward;
 - start-up again (rounds of 4 completions; once 32 requests back the mean, a
-  stalled rate doubles anyway, a queue ends it); a round queued when its mean is
-  25 % and 3 standard errors above the unqueued mean (once 32 requests back it); a
-  drain still at twice the mean means a slower service; no per-request cut (one
-  slow request is the tail), no ceiling from a noisy rate, a failed probe does
-  not space probes out, drops count as overload only above 10 % of a round (the
-  slowest requests time out at any limit), and a drop that held its slot at least
-  half the mean latency (served late) counts in the means, which would otherwise
-  keep only the requests short enough to beat the timeout.
+  stalled rate doubles anyway; a queue ends it, drops alone do not: without a
+  queue at the origin they are requests that waited for a slot past their
+  client's patience, which more slots would serve sooner); a round queued when its
+  mean is 25 % and 3 standard errors (of the round's mean and the baseline's) above
+  the unqueued mean (once 32 requests back it);
+- a drain still at twice the mean means a slower service, but a drain after
+  start-up or a probe first runs one more round: it still sees the queue of the
+  overshoot (a probe doubled to 46 slots on 16 workers, and that queue reset the
+  estimate to 7);
+- no per-request cut (one slow request is the tail), no ceiling from a noisy
+  rate, a failed probe does not space probes out, drops count as overload only
+  above 10 % of a round (the slowest requests time out at any limit), and a drop
+  that held its slot at least half the mean latency (served late) counts in the
+  means, which would otherwise keep only the requests short enough to beat the
+  timeout.
 Means need more samples than minima: the limit settles in seconds at 100 ms per
 request rather than in a few rounds, and it runs a slot or a few above the workers
 (the knee is not sharper than the noise). A single worker at 0.5 s per request
@@ -91,6 +108,7 @@ from collections import deque
 
 from loadshed.checks import check_int, check_number
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
+from loadshed.limits.knee import fit_knee
 
 __all__ = ["Little"]
 
@@ -115,7 +133,14 @@ _VARIABLE_DROPS = 0.1  # share of a round's requests dropped that means overload
 _VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are judged by it
 _LEVEL_MEMORY = 256.0  # requests: a level's mean weighs at most this many
 _LATE_SERVED = 0.5  # a drop this long (x the mean) was served late: its latency counts
+_LEVELS_MEMORY = 2048.0  # requests: all levels together weigh at most this many
 _LEVEL_RISE = 1.1  # a level this much slower than those below it (and significantly) queued
+# A rate window pools requests until its relative standard error (the service's
+# coefficient of variation over the square root of the requests) is within this, or
+# within half a slot of the estimate if that is wider (few workers need few requests).
+_RATE_PRECISION = 0.05
+_RATE_WINDOW_MAX = 1024  # requests: the widest rate window
+_RATE_WINDOWS = 3  # windows the rate maximum spans at least (in requests: 3 x a window)
 
 
 class _State(enum.Enum):
@@ -205,12 +230,16 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
+        self._drain_from = _State.STARTUP  # the state the last drain began in
+        self._knee: int | None = None  # the last fit's knee (see _fold_levels)
         # Variable service (see the module docstring): the delivery rate of each
         # round pooled with the previous one's, and (halved squared successive
         # differences, their count, latency sum, count) at unqueued levels over
         # twice as many rounds, for the spread.
         self._variable = False
-        self._vrates: deque[float] = deque(maxlen=filter_rounds)
+        self._vrates: deque[tuple[float, float]] = deque()  # (pooled rate, requests)
+        self._vrates_count = 0.0  # requests in the windows of _vrates
+        self._filter_rounds = filter_rounds
         self._spread: deque[tuple[float, float, float, float]] = deque(maxlen=2 * filter_rounds)
         self._spread_totals = [0.0, 0.0, 0.0, 0.0]
         self._vrate_max = 0.0
@@ -218,7 +247,8 @@ class Little(LimitAlgorithm):
         self._latency_sd = 0.0
         self._cut_threshold = math.inf
         self._cut_above = 0  # see _end_round
-        self._previous_rate_parts = (0.0, 0.0)  # (completions seen, latency sum)
+        # (completions seen, latency sum, requests) not yet pooled into a rate
+        self._previous_rate_parts = (0.0, 0.0, 0.0)
         self._level_last: dict[int, float] = {}  # the last latency seen per in-flight level
         # Per in-flight level: [count, latency sum], both decayed each round.
         self._level_stats: dict[int, list[float]] = {}
@@ -413,7 +443,12 @@ class Little(LimitAlgorithm):
         variable = self._variable
         if variable:
             # Means, not minima: one short request says nothing about the workers.
-            se = self._latency_sd / math.sqrt(completed) if completed else 0.0
+            # (the standard error of the difference: the round and the baseline both)
+            se = (
+                self._latency_sd * math.sqrt(1 / completed + 1 / self._latency_weight)
+                if completed and self._latency_weight > 0
+                else 0.0
+            )
             queue_formed = (
                 round_mean < math.inf
                 and self._latency_weight >= _VARIABLE_BASELINE
@@ -426,13 +461,30 @@ class Little(LimitAlgorithm):
             self._rounds.append((rate if measuring else max(rate, self._rate_max), latency))
         # A round that queued adds no latency to the unqueued mean.
         self._observe_spread(
-            {} if variable and queue_formed else levels, levels, count_sum, rtt_sum, measuring
+            {} if variable and queue_formed else levels,
+            levels,
+            count_sum,
+            rtt_sum,
+            completed,
+            measuring,
         )
         if self._variable is not variable:
             return  # switched: start-up measures again
         if variable:
             latency = round_mean
             rate = own_rate = pooled_rate
+        if (
+            variable
+            and self._state is _State.DRAIN
+            and self._drain_from is not _State.CRUISE
+            and queue_formed
+            and latency > _VARIABLE_SLOWER * self._latency_mean
+        ):
+            # A drain after start-up or a probe still sees the queue its overshoot
+            # made, which says nothing of the service: drain one more round, then
+            # judge as from cruise.
+            self._drain_from = _State.CRUISE
+            return
         if (
             self._state is _State.DRAIN
             and queue_formed
@@ -452,7 +504,8 @@ class Little(LimitAlgorithm):
 
             if self._variable:
                 self._vrates.clear()
-                self._vrates.append(workers / latency)
+                self._vrates_count = 0.0
+                self._push_rate(workers / latency, 0.0)
                 self._latency_mean = latency
                 self._level_stats.clear()
                 self._latency_weight = 0.0
@@ -534,6 +587,7 @@ class Little(LimitAlgorithm):
         all_levels: dict[int, list[float]],
         seen: float,
         rtt_sum: float,
+        completed: int,
         measuring: bool,
     ) -> None:
         """Fold a round's latencies per in-flight level into the variable-service state.
@@ -544,6 +598,8 @@ class Little(LimitAlgorithm):
         """
         bdp = self.estimate()
         unqueued = self._slots(bdp) if bdp > 0 else 0
+        if self._knee is not None:
+            unqueued = min(unqueued, self._knee)  # levels past the knee queue
         deviations, dof, total, count = 0.0, 0, 0.0, 0
         for level, (n, s, squares, differences) in levels.items():
             if level > unqueued:
@@ -562,15 +618,31 @@ class Little(LimitAlgorithm):
             spread.append(entry)
             for i, value in enumerate(entry):
                 totals[i] += value
-        # The delivery rate pooled over the requests of this round and the previous
-        # one (a maximum over rounds of a few requests each would overcount). A quiet
-        # round's rate is still a lower bound on capacity: it can only raise the max.
-        previous_seen, previous_rtt = self._previous_rate_parts
-        self._previous_rate_parts = (seen, rtt_sum) if measuring else (0.0, 0.0)
-        if rtt_sum > 0:
+        # The delivery rate pooled over windows of whole rounds, each as many requests
+        # as the spread of service times needs for a precise rate (a maximum over
+        # rounds of a few requests each would overcount: with exponential service, 8
+        # requests read the capacity +-35 %, and the maximum of 10 such rounds some
+        # 50 % high). A quiet (app-limited) round's rate still bounds the capacity
+        # from below: it carries the maximum forward; before any rate is known,
+        # quiet rounds fill the first window (a replica at 80 % load may never
+        # saturate: without it, no estimate until a slowdown, then a limit of 1).
+        previous_seen, previous_rtt, previous_count = self._previous_rate_parts
+        pooled_count = completed + previous_count
+        if not measuring and self._vrates:
+            self._previous_rate_parts = (0.0, 0.0, 0.0)
+            if rtt_sum > 0:
+                pooled = seen / max(rtt_sum, _MIN_INTERVAL)
+                self._push_rate(max(pooled, self._vrate_max), float(completed))
+        elif rtt_sum > 0 and pooled_count >= self._rate_window_need():
             pooled = (seen + previous_seen) / max(rtt_sum + previous_rtt, _MIN_INTERVAL)
-            self._vrates.append(pooled if measuring else max(pooled, self._vrate_max))
-            self._vrate_max = max(self._vrates)
+            self._push_rate(pooled, float(pooled_count))
+            self._previous_rate_parts = (0.0, 0.0, 0.0)
+        else:
+            self._previous_rate_parts = (
+                seen + previous_seen,
+                rtt_sum + previous_rtt,
+                float(pooled_count),
+            )
         self._fold_levels(all_levels)
         all_deviations, all_dof, all_total, all_count = self._spread_totals
         if all_dof < _VARIABLE_DOF - 0.5:
@@ -592,13 +664,38 @@ class Little(LimitAlgorithm):
             self._variable = False
             self._enter_cruise_if_known()
 
-    def _fold_levels(self, levels: dict[int, list[float]]) -> None:
-        """Update the latency per in-flight level and the mean below the knee.
+    def _rate_window_need(self) -> int:
+        """Requests a rate window pools: enough for the measured spread (see above).
 
-        Walking up from the lowest level, a level joins the unqueued mean while its
-        own mean is not significantly higher than those below: a queue shows as
-        latency rising with the level, whatever the estimate (which would otherwise
-        let a small queue creep into the mean and the limit up with it).
+        In start-up, a few rounds' worth: the limit doubles while the rate grows, and
+        the wide windows of cruise replace these within a few windows.
+        """
+        if self._state is _State.STARTUP or not self._variable:
+            return 2 * _VARIABLE_STARTUP_ROUND if self._state is _State.STARTUP else _VARIABLE_ROUND
+        mean = self._latency_mean
+        cv = self._latency_sd / mean if 0 < mean < math.inf else 1.0
+        tolerance = max(_RATE_PRECISION, 0.5 / max(1.0, self.estimate()))
+        need = math.ceil((cv / tolerance) ** 2)
+        return max(_VARIABLE_ROUND, min(_RATE_WINDOW_MAX, need))
+
+    def _push_rate(self, rate: float, count: float) -> None:
+        """Add a rate window; forget the oldest beyond ``_RATE_WINDOWS`` windows' worth."""
+        rates = self._vrates
+        rates.append((rate, count))
+        self._vrates_count += count
+        keep = max(_RATE_WINDOWS * self._rate_window_need(), self._filter_rounds * _VARIABLE_ROUND)
+        while len(rates) > 2 and (
+            self._vrates_count - rates[0][1] >= keep or len(rates) > 4 * self._filter_rounds
+        ):
+            self._vrates_count -= rates.popleft()[1]
+        self._vrate_max = max(r for r, _ in rates)
+
+    def _fold_levels(self, levels: dict[int, list[float]]) -> None:
+        """Update the latency per in-flight level and the service time below the knee.
+
+        The service time is fitted to every level at once (``loadshed.limits.knee``):
+        a queue raises every level above the knee along a line through the origin,
+        whatever the estimate, so a small queue cannot creep into the mean.
         """
         stats = self._level_stats
         for level, (n, total, _, _) in levels.items():
@@ -614,33 +711,26 @@ class Little(LimitAlgorithm):
                 scale = _LEVEL_MEMORY / known[0]
                 known[0] = _LEVEL_MEMORY
                 known[1] *= scale
-        # A queue raises every level above the knee: stop at the first of two
-        # levels in a row that are both significantly slower (one is noise).
-        pooled_n = pooled_sum = 0.0
-        pending: tuple[float, float] | None = None
-        sd = self._latency_sd
-        for _, (n, total) in sorted(stats.items()):
-            if n <= 0:
-                continue
-            if pooled_n > 0:
-                base = pooled_sum / pooled_n
-                mean = total / n
-                if mean > _LEVEL_RISE * base and mean > base + _VARIABLE_Z * sd * math.sqrt(
-                    1 / n + 1 / pooled_n
-                ):
-                    if pending is not None:
-                        break
-                    pending = (n, total)
-                    continue
-            if pending is not None:
-                pooled_n += pending[0]
-                pooled_sum += pending[1]
-                pending = None
-            pooled_n += n
-            pooled_sum += total
-        if pooled_n > 0:
-            self._latency_mean = pooled_sum / pooled_n
-        self._latency_weight = pooled_n
+        # All levels together remember about _LEVELS_MEMORY requests: a level no
+        # longer visited (queued before the workers doubled, fast before the model
+        # slowed) fades instead of pinning the fit to a past regime.
+        remembered = sum(n for n, _ in stats.values())
+        if remembered > _LEVELS_MEMORY:
+            scale = _LEVELS_MEMORY / remembered
+            for known in stats.values():
+                known[0] *= scale
+                known[1] *= scale
+        # A queue raises every level above the knee, along a line through the
+        # origin: fit it to every level at once (see loadshed.limits.knee).
+        knee = fit_knee(
+            ((level, n, total) for level, (n, total) in stats.items()),
+            self._latency_sd,
+            _VARIABLE_Z,
+        )
+        if knee is not None:
+            self._latency_mean = knee.service
+            self._latency_weight = knee.weight
+            self._knee = knee.workers
 
     def _enter_cruise_if_known(self) -> None:
         bdp = self.estimate()
@@ -650,7 +740,11 @@ class Little(LimitAlgorithm):
     def _startup_round(
         self, rate: float, measuring: bool, queue_formed: bool, dropped: bool, bdp: float
     ) -> None:
-        if queue_formed or dropped:
+        # With variable service, drops without a queue at the origin are requests
+        # that waited in front of the limit past their client's patience (or the
+        # service's own tail): more slots would serve them sooner, not drop more.
+        # Only a queue ends start-up (most-dropped rounds still back off, above).
+        if queue_formed or (dropped and not self._variable):
             self._enter_drain()
             return
         if not measuring and self._startup_best_rate == 0:
@@ -695,11 +789,15 @@ class Little(LimitAlgorithm):
         """The cruise limit: the estimate, under the ceiling a drain may have found.
 
         With variable service, rounded up: a slot too many queues a little, a slot
-        too few idles a worker, and the estimate is noisy.
+        too few idles a worker, and the estimate is noisy; and at least the fitted
+        knee: the levels up to it showed no queue, so there are at least that many
+        workers (the rate, pooled for precision, is slower to show it).
         """
         base = self._slots(bdp)
         if self._variable and math.isfinite(bdp):
             base = max(1, math.ceil(bdp))
+            if self._knee is not None:
+                base = max(base, self._knee)
         return base if self._ceiling is None else min(base, self._ceiling)
 
     def _enter_probe(self, rate: float, bdp: float) -> None:
@@ -710,6 +808,7 @@ class Little(LimitAlgorithm):
         self._limit = self._clamp(self._probe_base_limit + 1)
 
     def _enter_drain(self) -> None:
+        self._drain_from = self._state
         self._state = _State.DRAIN
         bdp = self.estimate()
         if bdp > 0:
