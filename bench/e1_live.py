@@ -4,7 +4,7 @@
         [--clients 1,2,3,4,5,8,16] [--protect none,queue,deadline,little,aimd,gradient2]
         [--json results.json]
 
-DESIGN.md section 6, E1: one worker, 500 ms of CPU per request (hashburn, its burn in one
+E1 in docs/design.md: one worker, 500 ms of CPU per request (hashburn, its burn in one
 worker process as E1's process pool), closed-loop clients, client timeout 2 s, ``--duration``
 per step. ``--scale`` multiplies service time, client timeout and the deadline scheme's 1.8 s
 target (``--scale 0.2``: 100 ms work, 400 ms timeout, capacity 10 req/s), so the shape holds on

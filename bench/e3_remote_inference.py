@@ -1,4 +1,4 @@
-"""E3: remote inference from a bulk caller (DESIGN.md section 6).
+"""E3: remote inference from a bulk caller (docs/design.md, "Reference experiments").
 
 An upstream model with 16 parallel slots, about 30 ms per call (uniform 25-35 ms),
 a queue of 64 and 503 + ``Retry-After: 1`` past it, runs in its own process (a

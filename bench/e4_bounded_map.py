@@ -1,4 +1,4 @@
-"""E4: backpressure for bulk async work (DESIGN.md section 6).
+"""E4: backpressure for bulk async work (docs/design.md, "Reference experiments").
 
 100,000 inputs, concurrency 500, each call awaiting U(0.1, 0.2) s. Compares, in one
 run and on the same pre-drawn durations, the four variants of the published write-up

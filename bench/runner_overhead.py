@@ -9,7 +9,7 @@ Per-call cost (a trivial job, so only the machinery is measured):
 Both executors exist side by side and are measured in ``--rounds`` interleaved rounds; the
 table gives medians (the machine may be shared).
 
-Behaviour (the reasons ModelRunner exists, DESIGN.md section 8):
+Behaviour (the reasons ModelRunner exists, docs/design.md, "Pitfalls designed around"):
 
 - ``cancel``: 2 workers busy with 0.3 s jobs, 8 more callers waiting, all 8 cancelled: how many
   of the cancelled jobs ran anyway (ProcessPoolExecutor's hidden call queue cannot be

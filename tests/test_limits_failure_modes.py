@@ -1,4 +1,5 @@
-"""The failure modes users report with adaptive concurrency limits (DESIGN.md section 4).
+"""The failure modes users report with adaptive concurrency limits (docs/design.md,
+"Limit algorithms, and why"; each one in docs/limits.md).
 
 Each one is either fixed in loadshed's version (shown against the peer's
 ``published()`` behaviour, where the peer fails) or documented as a known limit of the

@@ -91,7 +91,7 @@ def test_e2_capacity_change_with_deadlines() -> None:
 def test_e2_capacity_change_with_learned_patience_only() -> None:
     result = run_capacity_change(limiter=LimiterConfig("little"), send_deadline=False)
     after = next(step for step in result["steps"] if step["phase"] == "after")
-    # Target 0.90, met with no margin (see the README table).
+    # Target 0.90, met with no margin (see the table in docs/benchmarks.md).
     assert after["goodput_ratio"] >= 0.899, after
 
 

@@ -4,7 +4,7 @@
 one duplex pipe to the parent; the parent watches the pipe and the process sentinel on the
 event loop (``loop.add_reader``), so a result or a death is noticed without threads or polling.
 
-Design points (see DESIGN.md section 8):
+Design points (see docs/design.md, "Pitfalls designed around"):
 
 - A worker holds at most two jobs: the one it runs and one handed ahead, already in its pipe,
   so that it starts its next job the moment it sends a result, without waiting for the event

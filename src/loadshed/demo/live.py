@@ -1,6 +1,6 @@
 """``loadshed demo``: the throughput paradox and its cure, measured live.
 
-E1 (DESIGN.md section 6), for real and scaled in time: hashburn (one worker, 0.5 s of CPU per
+E1 (docs/design.md), for real and scaled in time: hashburn (one worker, 0.5 s of CPU per
 request) runs as ``loadshed serve-demo`` subprocesses on 127.0.0.1, once bare and once behind
 ``LoadShedMiddleware`` (``--protect`` variants; ``none,little`` by default). Each is driven in
 turn by loadshed's own closed-loop load generator at a few client counts, with the client

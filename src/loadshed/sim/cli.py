@@ -445,7 +445,7 @@ def demo(seed: int, as_json: bool) -> None:
     none, little = results["none"], results["little"]
     table = Table(
         title=(
-            "Throughput paradox (DESIGN.md E1, simulated at 1/10 time scale): 1 worker, "
+            "Throughput paradox (E1 of docs/design.md, simulated at 1/10 time scale): 1 worker, "
             f"{0.5 * DEMO_SCALE * 1000:g} ms per request, client timeout "
             f"{2.0 * DEMO_SCALE * 1000:g} ms, capacity {none['capacity_rps']:g} req/s"
         )

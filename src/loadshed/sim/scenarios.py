@@ -1,4 +1,4 @@
-"""The reference experiments in virtual time: the throughput paradox (DESIGN.md E1),
+"""The reference experiments in virtual time (docs/design.md): the throughput paradox (E1),
 a capacity change (E2), and a fleet of replicas some of which slow down.
 
 Each ``run_*`` function builds the simulation from plain settings, runs it and
