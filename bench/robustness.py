@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -145,10 +146,20 @@ def draw_cells(count: int, seed: int) -> list[Cell]:
     return cells
 
 
+# Settings every limiter of the run gets (``--wait-ceiling``); the pool's processes
+# read them from the environment, which they inherit.
+_WAIT_CEILING_ENV = "LOADSHED_ROBUSTNESS_WAIT_CEILING"
+_LIMITER_EXTRA: dict[str, Any] = (
+    {"adaptive_wait_ceiling": float(os.environ[_WAIT_CEILING_ENV])}
+    if os.environ.get(_WAIT_CEILING_ENV)
+    else {}
+)
+
+
 def score(cell: Cell, limit: str, seed: int) -> float:
     """Goodput over the whole run as a share of what could be served, one seed."""
     name, _, value = limit.partition(":")
-    limiter = LimiterConfig(name, limit_value=int(value) if value else None)
+    limiter = LimiterConfig(name, limit_value=int(value) if value else None, **_LIMITER_EXTRA)
     s = cell.service_time
     if cell.arrivals == "closed":
         clients = max(1, round(cell.load * cell.workers))
@@ -302,8 +313,18 @@ def main() -> int:
     parser.add_argument(
         "--select", help="only these cells of the drawn list, by position from 0 (e.g. 0,3,9)"
     )
+    parser.add_argument(
+        "--wait-ceiling",
+        type=float,
+        help="adaptive_wait_ceiling for every limiter, oracle included (0: one service time)",
+    )
     parser.add_argument("--out", help="markdown file (a .json beside it)")
     args = parser.parse_args()
+    if args.wait_ceiling is not None:
+        if not args.wait_ceiling >= 0:
+            parser.error(f"--wait-ceiling: seconds >= 0, got {args.wait_ceiling}")
+        os.environ[_WAIT_CEILING_ENV] = str(args.wait_ceiling)
+        _LIMITER_EXTRA["adaptive_wait_ceiling"] = args.wait_ceiling
     algorithms = tuple(a for a in args.algorithms.split(",") if a)
     unknown = [a for a in algorithms if a not in ALGORITHMS]
     if unknown:

@@ -202,3 +202,20 @@ async def test_real_server_bound_grows_for_patient_clients_and_shrinks_at_once()
         impatient = await _closed_loop(url, clients=16, seconds=1.5, timeout=0.15)
         assert impatient["timeout"] >= 1
         assert limiter.admission.max_wait() <= 0.08, impatient
+
+
+def test_a_give_up_leaves_two_service_times_of_patience_for_the_service() -> None:
+    # Clients that give up after 3 mean service times: a bound of half that (1.5)
+    # would leave exponential service 1.5 means to finish in (one in 4.5 runs
+    # longer); the bound leaves it two (one in 7.4), down to the one-service floor.
+    bound = AdaptiveWaitBound(ceiling=1.0)
+    for _ in range(100):
+        bound.pressed()
+        bound.succeeded(bound.bound(0.1, None), 0.1, limit=1)
+    bound.gave_up(0.3)
+    assert bound.bound(0.1, None) == pytest.approx(0.1)
+    assert bound.bound(0.1, 0.3) == pytest.approx(0.1)
+    # a slow client's give-up against a fast service: half its wait still binds
+    assert bound.bound(0.01, None) == pytest.approx(0.15)
+    # a model that gets slower shortens the bound at once (read at bound time)
+    assert bound.bound(0.08, None) == pytest.approx(0.14)

@@ -17,7 +17,11 @@ then runs) and:
   plausible client timeout;
 - **shrinks at once when a client gives up**: to half the time that client waited,
   and for good to half the learned patience (the low percentile of give-ups) once
-  there is one. Deadlines the requests carry bound their own waits anyway.
+  there is one; and in both cases to at most that time less two mean service times,
+  so that a request that waited the whole bound still has two mean service times
+  of its client's patience left to be served in (with exponential service, one in
+  seven runs longer than that). Deadlines the requests carry bound their own waits
+  anyway.
 
 It never goes below one mean service time: that was, and stays, the floor. The class
 is pure: the admission core hands it every value it needs.
@@ -36,6 +40,7 @@ DEFAULT_WAIT_CEILING = 1.0
 no client has given up."""
 _GROW_AT = 0.5  # a success that waited this share of the bound is evidence of patience
 _SHRINK_TO = 0.5  # after a give-up, the bound is this share of the time that client waited
+_SERVICE_LEFT = 2.0  # ... and leaves this many mean service times of it for the service
 
 
 class AdaptiveWaitBound:
@@ -45,12 +50,12 @@ class AdaptiveWaitBound:
     client has given up; 0 keeps it at one mean service time.
     """
 
-    __slots__ = ("_grown", "_pressed", "_shrunk_to", "ceiling")
+    __slots__ = ("_grown", "_pressed", "_shortest_give_up", "ceiling")
 
     def __init__(self, ceiling: float = DEFAULT_WAIT_CEILING) -> None:
         self.ceiling = check_number("adaptive_wait_ceiling", ceiling, minimum=0, unit="seconds")
         self._grown = 0.0  # seconds of wait earned by patient clients (0: none yet)
-        self._shrunk_to = math.inf  # bound set by the last give-up
+        self._shortest_give_up = math.inf  # the shortest wait of a client that gave up
         self._pressed = False  # the bound turned a request away since it last grew
 
     def bound(self, service_mean: float, patience: float | None) -> float:
@@ -60,10 +65,11 @@ class AdaptiveWaitBound:
         top = self.ceiling - service_mean
         if wait > top:
             wait = top
-        if wait > self._shrunk_to:
-            wait = self._shrunk_to
-        if patience is not None and wait > patience * _SHRINK_TO:
-            wait = patience * _SHRINK_TO
+        for waited in (self._shortest_give_up, patience):
+            if waited is not None and waited < math.inf:
+                cut = min(waited * _SHRINK_TO, waited - _SERVICE_LEFT * service_mean)
+                if wait > cut:
+                    wait = cut
         return wait if wait > service_mean else service_mean
 
     def pressed(self) -> None:
@@ -73,7 +79,7 @@ class AdaptiveWaitBound:
 
     def succeeded(self, queue_wait: float, service_mean: float, limit: int) -> None:
         """A queued request succeeded after waiting ``queue_wait`` seconds."""
-        if not self._pressed or self._shrunk_to < math.inf:
+        if not self._pressed or self._shortest_give_up < math.inf:
             return  # nothing to gain, or a client gave up: never grow again
         current = self._grown if self._grown > service_mean else service_mean
         top = self.ceiling - service_mean
@@ -85,7 +91,5 @@ class AdaptiveWaitBound:
 
     def gave_up(self, waited: float) -> None:
         """A client left after ``waited`` seconds: shrink the bound at once."""
-        if waited > 0:
-            bound = waited * _SHRINK_TO
-            if bound < self._shrunk_to:
-                self._shrunk_to = bound
+        if 0 < waited < self._shortest_give_up:
+            self._shortest_give_up = waited

@@ -569,7 +569,11 @@ class Little(LimitAlgorithm):
         elif self._state is _State.PROBE:
             self._probe_round(own_rate, overloaded, bdp)
         else:
-            self._cruise_rate = own_rate
+            # The best rate of the round, not only of the requests it admitted: with
+            # a round ending in the middle of a burst of completions (constant service
+            # in step), those read half the rate, and a drain that kept the rate would
+            # call a working slot idle and cap the limit below the workers.
+            self._cruise_rate = rate if rate > own_rate else own_rate
             self._cruise_limit = self._limit
             self._cruise_rounds += 1
             if queue_formed:
