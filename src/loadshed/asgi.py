@@ -240,6 +240,16 @@ class LoadShedMiddleware:
         """Every limiter this middleware uses (default first)."""
         return [self.limiter, *(limiter for _, limiter in self.routes)]
 
+    @property
+    def refusals_held(self) -> int:
+        """Refusals held before their answer by refusal pacing, since creation (0: off)."""
+        return self.pacer.held_total if self.pacer is not None else 0
+
+    @property
+    def refusal_hold_seconds(self) -> float:
+        """Seconds of hold given to paced refusals, since creation (0.0: pacing off)."""
+        return self.pacer.hold_seconds_total if self.pacer is not None else 0.0
+
     def close_on_shutdown(self, limiter: Limiter) -> None:
         """Also close ``limiter`` in :meth:`shutdown` (one that ``select`` returns)."""
         for known in (*self.limiters, *self._also_close):
