@@ -12,6 +12,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from loadshed.errors import ConfigError
+from loadshed.retry import parse_retry_after  # re-exported: its home is loadshed.retry
 
 __all__ = [
     "ARRIVALS",
@@ -64,17 +65,6 @@ def check_retry_jitter(retry_jitter: float, honor_retry_after: bool) -> None:
         raise ConfigError("--retry-jitter", f"must be within [0, 1], got {retry_jitter}")
     if retry_jitter and not honor_retry_after:
         raise ConfigError("--retry-jitter", "needs --honor-retry-after")
-
-
-def parse_retry_after(value: bytes | str | None) -> float | None:
-    """``Retry-After`` as delta-seconds (HTTP dates and junk give None)."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 """Statuses counted as rejections (load shedding), whose latency is tracked separately."""
