@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING, Any, Final
 from loadshed.admission import Token
 from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
-from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
+from loadshed.errors import (
+    REFUSAL_STATUSES,
+    ConfigError,
+    Outcome,
+    Priority,
+    Rejected,
+    RejectReason,
+)
 from loadshed.limiter import Limiter, Waiting, WorkerPool
 from loadshed.limits.base import LimitAlgorithm
 from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacer, RefusalPacing
@@ -62,7 +69,6 @@ RouteSelector = Callable[[Scope], "Limiter | None"]
 """Chooses the limiter for a request, or None to let it through unprotected."""
 
 _logger = logging.getLogger("loadshed.asgi")
-_REJECT_STATUSES = (429, 503)
 # Per-request paths read enum members from plain names (~6 ns) rather than through
 # their class (~70 ns on CPython 3.11).
 _SUCCESS: Final = Outcome.SUCCESS
@@ -140,7 +146,7 @@ class LoadShedMiddleware:
         if (
             isinstance(reject_status, bool)
             or not isinstance(reject_status, int)
-            or reject_status not in _REJECT_STATUSES
+            or reject_status not in REFUSAL_STATUSES
         ):
             raise ConfigError("reject_status", f"got {reject_status!r}, allowed: 429|503")
         max_body_bytes = check_int("max_body_bytes", max_body_bytes, minimum=0)

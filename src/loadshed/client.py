@@ -48,7 +48,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from loadshed.bounded import BoundedMap, bounded_map
 from loadshed.checks import check_int, check_optional_number
 from loadshed.clock import MONOTONIC, Clock
-from loadshed.errors import ConfigError, LoadshedError, Priority
+from loadshed.errors import REFUSAL_STATUSES, ConfigError, LoadshedError, Priority
 from loadshed.limiter import Limiter
 from loadshed.limits import AIMD, Windowed, make_limit
 from loadshed.limits.base import LimitAlgorithm, Sample
@@ -69,11 +69,10 @@ __all__ = [
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
-OVERLOAD_STATUSES = frozenset({429, 502, 503, 504})
-"""Answers that mean the upstream (or a gateway before it) is overloaded: dropped samples."""
-REFUSAL_STATUSES = frozenset({429, 503})
-"""Answers that mean the upstream refused the call without doing it: safe to retry,
-and not an *accept* for the adaptive throttle."""
+OVERLOAD_STATUSES = REFUSAL_STATUSES | {502, 504}
+"""Answers that mean the upstream (or a gateway before it) is overloaded: dropped samples.
+A refusal (:data:`~loadshed.errors.REFUSAL_STATUSES`) is safe to retry, and not an
+*accept* for the adaptive throttle."""
 
 _US = 1e6  # histograms record microseconds
 
@@ -262,7 +261,7 @@ class AdaptiveClient:
         session: aiohttp.ClientSession | None = None,
         max_queue: int = 10_000,
         max_attempts: int = 3,
-        retry_statuses: Iterable[int] = (429, 503),
+        retry_statuses: Iterable[int] = REFUSAL_STATUSES,
         retry_connection_errors: bool = True,
         retry_budget: RetryBudget | None = None,
         throttle: AdaptiveThrottle | None = None,

@@ -11,7 +11,7 @@ import math
 from typing import Literal
 from urllib.parse import urlsplit
 
-from loadshed.errors import ConfigError
+from loadshed.errors import REFUSAL_STATUSES, ConfigError
 from loadshed.retry import parse_retry_after  # re-exported: its home is loadshed.retry
 
 __all__ = [
@@ -48,7 +48,8 @@ DEFAULT_MAX_LAG_S = 0.05
 """Default bound on the p99 of the open loop's lag behind its schedule. Past it the generator,
 not the target, is shaping the load, so the run is refused (timer jitter is ~1 ms)."""
 
-REJECTED_STATUSES = frozenset({429, 503})
+REJECTED_STATUSES = REFUSAL_STATUSES
+"""Statuses counted as rejections (load shedding), whose latency is tracked separately."""
 
 RETRY_AFTER: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "loadshed_retry_after", default=None
@@ -65,9 +66,6 @@ def check_retry_jitter(retry_jitter: float, honor_retry_after: bool) -> None:
         raise ConfigError("--retry-jitter", f"must be within [0, 1], got {retry_jitter}")
     if retry_jitter and not honor_retry_after:
         raise ConfigError("--retry-jitter", "needs --honor-retry-after")
-
-
-"""Statuses counted as rejections (load shedding), whose latency is tracked separately."""
 
 
 def validate_url(url: str, field: str = "URL") -> str:
