@@ -37,10 +37,11 @@ import logging
 import math
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from loadshed.admission import Token
+from loadshed.asgitypes import ASGIApp, Message, Receive, Scope, Send
 from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
 from loadshed.errors import (
@@ -60,11 +61,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LoadShedMiddleware", "RouteSelector"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 RouteSelector = Callable[[Scope], "Limiter | None"]
 """Chooses the limiter for a request, or None to let it through unprotected."""
 

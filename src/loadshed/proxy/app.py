@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -41,6 +41,7 @@ from yarl import URL
 
 from loadshed.admission import Token
 from loadshed.asgi import LoadShedMiddleware
+from loadshed.asgitypes import Receive, Scope, Send
 from loadshed.clock import Clock
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_timeout_seconds
 from loadshed.errors import REFUSAL_STATUSES, Outcome
@@ -54,11 +55,6 @@ from loadshed.proxy.pool import Upstream, UpstreamPool
 from loadshed.proxy.security import ClientConnections, is_origin_form, safe_path
 
 __all__ = ["ProxyApp", "ProxyMetrics", "create_proxy"]
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 logger = logging.getLogger("loadshed.proxy")
 
