@@ -49,6 +49,7 @@ from loadshed.bounded import BoundedMap, bounded_map
 from loadshed.checks import check_int, check_optional_number
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import REFUSAL_STATUSES, ConfigError, LoadshedError, Priority
+from loadshed.histogram import LatencyHistogram
 from loadshed.limiter import Limiter
 from loadshed.limits import AIMD, Windowed, make_limit
 from loadshed.limits.base import LimitAlgorithm, Sample
@@ -73,8 +74,6 @@ OVERLOAD_STATUSES = REFUSAL_STATUSES | {502, 504}
 """Answers that mean the upstream (or a gateway before it) is overloaded: dropped samples.
 A refusal (:data:`~loadshed.errors.REFUSAL_STATUSES`) is safe to retry, and not an
 *accept* for the adaptive throttle."""
-
-_US = 1e6  # histograms record microseconds
 
 
 class _Default(enum.Enum):
@@ -149,18 +148,19 @@ class Latency:
     max: float
 
     @classmethod
-    def of(cls, histogram: HdrHistogram) -> Latency:
-        """Summarise ``histogram`` (microseconds)."""
-        if histogram.get_total_count() == 0:
-            return cls(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    def of(cls, histogram: LatencyHistogram | HdrHistogram) -> Latency:
+        """Summarise ``histogram`` (an ``hdrh`` one holds microseconds)."""
+        if isinstance(histogram, HdrHistogram):
+            histogram = LatencyHistogram(histogram)
+        summary = histogram.summary()
         return cls(
-            count=histogram.get_total_count(),
-            mean=histogram.get_mean_value() / _US,
-            p50=histogram.get_value_at_percentile(50) / _US,
-            p90=histogram.get_value_at_percentile(90) / _US,
-            p99=histogram.get_value_at_percentile(99) / _US,
-            p999=histogram.get_value_at_percentile(99.9) / _US,
-            max=histogram.get_max_value() / _US,
+            count=int(summary["count"]),
+            mean=float(summary["mean"]),
+            p50=float(summary["p50"]),
+            p90=float(summary["p90"]),
+            p99=float(summary["p99"]),
+            p999=float(summary["p999"]),
+            max=float(summary["max"]),
         )
 
 
@@ -324,9 +324,9 @@ class AdaptiveClient:
         self._default_headers = dict(headers or {})
         self._backing_off = 0
         self._counts: dict[str, int] = {}
-        self._queue_hist = HdrHistogram(1, 3_600 * 1_000_000, 3)
-        self._upstream_hist = HdrHistogram(1, 3_600 * 1_000_000, 3)
-        self._total_hist = HdrHistogram(1, 3_600 * 1_000_000, 3)
+        self._queue_hist = LatencyHistogram()
+        self._upstream_hist = LatencyHistogram()
+        self._total_hist = LatencyHistogram()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -577,9 +577,9 @@ class AdaptiveClient:
         self._counts[key] = self._counts.get(key, 0) + 1
 
     def _record(self, local_s: float, upstream_s: float, total_s: float) -> None:
-        self._queue_hist.record_value(max(1, round(local_s * _US)))
-        self._upstream_hist.record_value(max(1, round(upstream_s * _US)))
-        self._total_hist.record_value(max(1, round(total_s * _US)))
+        self._queue_hist.record(local_s)
+        self._upstream_hist.record(upstream_s)
+        self._total_hist.record(total_s)
 
     def stats(self) -> ClientStats:
         """Counts, local-versus-upstream time percentiles, and the limiter's state."""
