@@ -105,8 +105,8 @@ class BenchOptions:
     max_lag_s: float = DEFAULT_MAX_LAG_S
     client: ClientKind = dataclasses.field(default_factory=default_client)
     honor_retry_after: bool = False
-    """Closed loop: after a 429/503 with ``Retry-After`` (seconds), a client waits that
-    long before its next request, as a well-behaved client does."""
+    """Closed loop: after a 429/503 with ``Retry-After`` (seconds, or an HTTP date), a client
+    waits that long before its next request, as a well-behaved client does."""
     retry_jitter: float = 0.0
     """With ``honor_retry_after``: each wait is ``Retry-After`` times a factor drawn
     uniformly from [1 - retry_jitter, 1 + retry_jitter] (0: exactly as told), so that
