@@ -43,12 +43,12 @@ import aiohttp
 import click
 import requests
 from aiohttp import web
-from hdrh.histogram import HdrHistogram
 from requests.adapters import HTTPAdapter
 
 from loadshed.bounded import bounded_map
 from loadshed.client import AdaptiveClient, Response, default_client_limit
 from loadshed.errors import ConfigError, Rejected
+from loadshed.histogram import LatencyHistogram
 from loadshed.limits import AIMD, LimitAlgorithm, Windowed, make_limit
 
 SLOTS = 16
@@ -56,7 +56,6 @@ WORK_LOW_S = 0.025
 WORK_HIGH_S = 0.035
 CAPACITY = SLOTS / ((WORK_LOW_S + WORK_HIGH_S) / 2)  # calls per second
 CALL_TIMEOUT_S = 5.0
-US = 1e6
 
 
 # ---------------------------------------------------------------- the upstream
@@ -145,28 +144,24 @@ def run(coroutine: Coroutine[Any, Any, Any], use_uvloop: bool) -> Any:
 # ---------------------------------------------------------------- measurement
 
 
-def histogram() -> HdrHistogram:
-    return HdrHistogram(1, 3_600 * 1_000_000, 3)
-
-
 @dataclass
 class Recorder:
     """Latency of successful calls (total, client queue, upstream) and outcome counts."""
 
-    total: HdrHistogram = field(default_factory=histogram)
-    queue: HdrHistogram = field(default_factory=histogram)
-    upstream: HdrHistogram = field(default_factory=histogram)
+    total: LatencyHistogram = field(default_factory=LatencyHistogram)
+    queue: LatencyHistogram = field(default_factory=LatencyHistogram)
+    upstream: LatencyHistogram = field(default_factory=LatencyHistogram)
     outcomes: Counter[str] = field(default_factory=Counter)
 
     def success(self, total_s: float, queue_s: float, upstream_s: float) -> None:
         self.outcomes["ok"] += 1
-        self.total.record_value(max(1, round(total_s * US)))
-        self.queue.record_value(max(1, round(queue_s * US)))
-        self.upstream.record_value(max(1, round(upstream_s * US)))
+        self.total.record(total_s)
+        self.queue.record(queue_s)
+        self.upstream.record(upstream_s)
 
 
-def pct(hist: HdrHistogram, percentile: float) -> float:
-    return float(hist.get_value_at_percentile(percentile)) / US if hist.get_total_count() else 0.0
+def pct(hist: LatencyHistogram, percentile: float) -> float:
+    return hist.percentile(percentile)
 
 
 @dataclass

@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import MutableMapping
 from typing import Any
 
 from loadshed.asgi import LoadShedMiddleware
+from loadshed.asgitypes import Message
 from loadshed.limiter import Limiter
-
-Message = MutableMapping[str, Any]
 
 SCOPE: dict[str, Any] = {
     "type": "http",

@@ -13,34 +13,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
-
-import uvicorn
 
 from loadshed.proxy import ProxyApp, ProxyConfig, create_proxy, parse_upstream
 from loadshed.proxy.cli import server_config
 from loadshed.proxy.security import client_connections
-
-
-@contextmanager
-def serve_config(config: uvicorn.Config, startup_timeout: float = 10.0) -> Iterator[str]:
-    """Run a uvicorn server with this config on its own thread; yield its base URL."""
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="proxy-test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+from loadshed.testing import base_url, serve, serve_config
 
 
 @contextmanager
@@ -52,18 +32,13 @@ def run_proxy(*upstreams: str, **settings: Any) -> Iterator[tuple[str, ProxyApp]
     app, proxy = create_proxy(config)
     served = server_config(app, config)
     proxy.proxy_metrics.connections = client_connections(served.http)
-    with serve_config(served) as url:
-        yield url, proxy
+    with serve_config(served) as server:
+        yield base_url(server), proxy
 
 
-@contextmanager
-def serve_asgi(app: Any) -> Iterator[str]:
+def serve_asgi(app: Any) -> AbstractContextManager[str]:
     """An upstream ASGI app under plain uvicorn (httptools), lifespan off."""
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=0, log_level="warning", lifespan="off", access_log=False
-    )
-    with serve_config(config) as url:
-        yield url
+    return serve(app)
 
 
 @dataclass

@@ -13,7 +13,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, NamedTuple
@@ -26,6 +25,7 @@ from starlette.applications import Starlette
 
 from loadshed.demo import DEMO_MODELS, create_demo_app, hashburn, origin
 from loadshed.errors import ConfigError
+from loadshed.testing import base_url, serve_config
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -38,23 +38,10 @@ class Served(NamedTuple):
 
 @contextlib.contextmanager
 def serve(app: Starlette) -> Iterator[Served]:
-    """Run ``app`` under uvicorn in a thread on an ephemeral loopback port."""
+    """Run ``app`` under uvicorn in a thread on an ephemeral loopback port, lifespan on."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    listener = server.servers[0]
-    port = listener.sockets[0].getsockname()[1]
-    try:
-        yield Served(f"http://127.0.0.1:{port}", listener.get_loop())
-    finally:
-        server.should_exit = True
-        thread.join(timeout=15)
+    with serve_config(config, startup_timeout=30, stop_timeout=15) as server:
+        yield Served(base_url(server), server.servers[0].get_loop())
 
 
 @contextlib.asynccontextmanager

@@ -232,12 +232,17 @@ def test_honor_retry_after_is_refused_for_the_open_loop() -> None:
         BenchOptions(url="http://127.0.0.1:1/", rate=10, honor_retry_after=True)
 
 
-def test_retry_after_is_read_as_seconds_and_junk_is_ignored() -> None:
+def test_retry_after_is_read_as_seconds_or_a_date_and_junk_is_ignored() -> None:
     from loadshed.loadgen.options import parse_retry_after
+    from loadshed.retry import parse_retry_after as home
 
+    assert parse_retry_after is home  # one parser, for the load generator and the client
     assert parse_retry_after(b"2") == 2.0
     assert parse_retry_after("0.5") == 0.5
-    assert parse_retry_after(b"Wed, 21 Oct 2015 07:28:00 GMT") is None
-    assert parse_retry_after(b"-1") is None
+    # The raw clients hand over the header's bytes; an HTTP date counts from now.
+    assert parse_retry_after(b"Wed, 21 Oct 2015 07:28:07 GMT", now=1445412480.0) == 7.0
+    assert parse_retry_after(b"Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # past: retry now
+    assert parse_retry_after(b"-1") == 0.0  # no wait (the closed loop waits on a truthy value)
     assert parse_retry_after(b"nan") is None
+    assert parse_retry_after(b"soon") is None
     assert parse_retry_after(None) is None

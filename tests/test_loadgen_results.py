@@ -119,15 +119,15 @@ def test_histogram_records_microseconds_with_3_significant_digits() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.floats(1e-6, 100.0), min_size=1, max_size=200))
-def test_summary_matches_hdrh_statistics(values: list[float]) -> None:
-    hist = LatencyHistogram()
+@given(st.lists(st.floats(1e-6, 100.0), min_size=1, max_size=200), st.sampled_from([2, 3]))
+def test_summary_matches_hdrh_statistics(values: list[float], figures: int) -> None:
+    hist = LatencyHistogram(significant_figures=figures)
     for value in values:
         hist.record(value)
     summary = hist.summary()
     raw = hist._hist
     # Rounding to the bucket before hdrh sees a value changes nothing hdrh reports.
-    direct = HdrHistogram(1, 3_600_000_000, 3)
+    direct = HdrHistogram(1, 3_600_000_000, figures)
     for value in values:
         direct.record_value(max(1, int(value * 1e6 + 0.5)))
     assert raw.equals(direct)
@@ -136,6 +136,20 @@ def test_summary_matches_hdrh_statistics(values: list[float]) -> None:
         assert summary[name] == raw.get_value_at_percentile(percent) / 1e6
     assert summary["mean"] == pytest.approx(raw.get_mean_value() / 1e6, rel=1e-9)
     assert summary["stdev"] == pytest.approx(raw.get_stddev() / 1e6, rel=1e-6, abs=1e-9)
+
+
+def test_histogram_clamps_to_its_range_and_resets() -> None:
+    hist = LatencyHistogram(significant_figures=2)
+    hist.record(-1.0)  # a clock step: counted as the shortest duration
+    hist.record(5_000.0)  # longer than an hour: counted as one hour
+    assert hist.count == 2
+    assert hist.percentile(0) == 1e-6
+    assert hist.percentile(100) == pytest.approx(3_600.0, rel=1e-2)
+    hist.record(0.5)
+    hist.reset()
+    assert hist.count == 0 and hist.summary()["max"] == 0.0
+    hist.record(0.25)
+    assert hist.summary()["p50"] == pytest.approx(0.25, rel=1e-2)
 
 
 def test_from_json_rejects_foreign_json() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -18,6 +19,7 @@ from loadshed.sim.metrics import Phase, Recorder
 from loadshed.sim.origin import Origin
 from loadshed.sim.request import Request
 from loadshed.sim.scenarios import (
+    FleetScenario,
     LimiterConfig,
     ServiceConfig,
     run_capacity_change,
@@ -236,6 +238,50 @@ def test_fleet_limits_hold_goodput_when_replicas_slow_down() -> None:
     assert during_none["timed_out"] > 5 * during_fixed["timed_out"]
     assert during_fixed["goodput_rps"] > during_none["goodput_rps"]
     assert limited["settings"]["slowed_replicas"] == 2
+
+
+def test_a_fleet_scenario_is_a_value_and_run_fleet_takes_it_or_its_fields() -> None:
+    limiter = LimiterConfig("fixed", limit_value=2)
+    scenario = FleetScenario(limiter=limiter, replicas=4, duration=9.0, seed=5)
+    assert (scenario.capacity, scenario.offered_rate) == (40.0, 32.0)  # 4 x 2 workers / 0.2 s
+    assert (scenario.slow_start, scenario.slow_length) == (3.0, 3.0)  # the middle third
+    result = scenario.run()
+    assert result == scenario.run()  # the same seed, the same dict
+    assert run_fleet(scenario) == result
+    assert run_fleet(limiter=limiter, replicas=4, duration=9.0, seed=5) == result
+    # Keywords given with a scenario replace its fields.
+    assert (
+        run_fleet(scenario, rate=10.0)
+        == FleetScenario(limiter=limiter, replicas=4, duration=9.0, seed=5, rate=10.0).run()
+    )
+    assert result["settings"]["rate"] == 32.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        scenario.replicas = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        ({"replicas": 0}, "replicas"),
+        ({"workers": 0}, "workers"),
+        ({"slow_fraction": 1.5}, "slow_fraction"),
+        ({"slow_factor": 0.0}, "slow_factor"),
+        ({"load": -1.0}, "load"),
+        ({"duration": 0.0}, "duration"),
+        ({"slow_at": 50.0, "duration": 60.0}, "slow_at"),  # ends after the run
+        ({"slow_for": 0.0}, "slow_at"),
+        ({"sigma": 0.0}, "sigma"),
+        ({"arrivals": "waves"}, "arrivals"),
+        ({"timeout": 0.0}, "timeout"),
+        ({"retries": -1}, "retries"),
+    ],
+)
+def test_a_fleet_scenario_refuses_bad_settings_at_construction(
+    settings: dict[str, float | str], field: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        FleetScenario(limiter=LimiterConfig("none"), **settings)  # type: ignore[arg-type]
+    assert caught.value.field == field
 
 
 def test_bad_settings_fail_at_construction() -> None:

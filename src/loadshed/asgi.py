@@ -37,13 +37,21 @@ import logging
 import math
 import signal
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from loadshed.admission import Token
+from loadshed.asgitypes import ASGIApp, Message, Receive, Scope, Send
 from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
-from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
+from loadshed.errors import (
+    REFUSAL_STATUSES,
+    ConfigError,
+    Outcome,
+    Priority,
+    Rejected,
+    RejectReason,
+)
 from loadshed.limiter import Limiter, Waiting, WorkerPool
 from loadshed.limits.base import LimitAlgorithm
 from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacer, RefusalPacing
@@ -53,16 +61,10 @@ if TYPE_CHECKING:
 
 __all__ = ["LoadShedMiddleware", "RouteSelector"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 RouteSelector = Callable[[Scope], "Limiter | None"]
 """Chooses the limiter for a request, or None to let it through unprotected."""
 
 _logger = logging.getLogger("loadshed.asgi")
-_REJECT_STATUSES = (429, 503)
 # Per-request paths read enum members from plain names (~6 ns) rather than through
 # their class (~70 ns on CPython 3.11).
 _SUCCESS: Final = Outcome.SUCCESS
@@ -140,7 +142,7 @@ class LoadShedMiddleware:
         if (
             isinstance(reject_status, bool)
             or not isinstance(reject_status, int)
-            or reject_status not in _REJECT_STATUSES
+            or reject_status not in REFUSAL_STATUSES
         ):
             raise ConfigError("reject_status", f"got {reject_status!r}, allowed: 429|503")
         max_body_bytes = check_int("max_body_bytes", max_body_bytes, minimum=0)
@@ -239,6 +241,16 @@ class LoadShedMiddleware:
     def limiters(self) -> list[Limiter]:
         """Every limiter this middleware uses (default first)."""
         return [self.limiter, *(limiter for _, limiter in self.routes)]
+
+    @property
+    def refusals_held(self) -> int:
+        """Refusals held before their answer by refusal pacing, since creation (0: off)."""
+        return self.pacer.held_total if self.pacer is not None else 0
+
+    @property
+    def refusal_hold_seconds(self) -> float:
+        """Seconds of hold given to paced refusals, since creation (0.0: pacing off)."""
+        return self.pacer.hold_seconds_total if self.pacer is not None else 0.0
 
     def close_on_shutdown(self, limiter: Limiter) -> None:
         """Also close ``limiter`` in :meth:`shutdown` (one that ``select`` returns)."""

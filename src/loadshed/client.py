@@ -48,7 +48,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from loadshed.bounded import BoundedMap, bounded_map
 from loadshed.checks import check_int, check_optional_number
 from loadshed.clock import MONOTONIC, Clock
-from loadshed.errors import ConfigError, LoadshedError, Priority
+from loadshed.errors import REFUSAL_STATUSES, ConfigError, LoadshedError, Priority
+from loadshed.histogram import LatencyHistogram
 from loadshed.limiter import Limiter
 from loadshed.limits import AIMD, Windowed, make_limit
 from loadshed.limits.base import LimitAlgorithm, Sample
@@ -69,13 +70,10 @@ __all__ = [
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
-OVERLOAD_STATUSES = frozenset({429, 502, 503, 504})
-"""Answers that mean the upstream (or a gateway before it) is overloaded: dropped samples."""
-REFUSAL_STATUSES = frozenset({429, 503})
-"""Answers that mean the upstream refused the call without doing it: safe to retry,
-and not an *accept* for the adaptive throttle."""
-
-_US = 1e6  # histograms record microseconds
+OVERLOAD_STATUSES = REFUSAL_STATUSES | {502, 504}
+"""Answers that mean the upstream (or a gateway before it) is overloaded: dropped samples.
+A refusal (:data:`~loadshed.errors.REFUSAL_STATUSES`) is safe to retry, and not an
+*accept* for the adaptive throttle."""
 
 
 class _Default(enum.Enum):
@@ -150,18 +148,19 @@ class Latency:
     max: float
 
     @classmethod
-    def of(cls, histogram: HdrHistogram) -> Latency:
-        """Summarise ``histogram`` (microseconds)."""
-        if histogram.get_total_count() == 0:
-            return cls(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    def of(cls, histogram: LatencyHistogram | HdrHistogram) -> Latency:
+        """Summarise ``histogram`` (an ``hdrh`` one holds microseconds)."""
+        if isinstance(histogram, HdrHistogram):
+            histogram = LatencyHistogram(histogram)
+        summary = histogram.summary()
         return cls(
-            count=histogram.get_total_count(),
-            mean=histogram.get_mean_value() / _US,
-            p50=histogram.get_value_at_percentile(50) / _US,
-            p90=histogram.get_value_at_percentile(90) / _US,
-            p99=histogram.get_value_at_percentile(99) / _US,
-            p999=histogram.get_value_at_percentile(99.9) / _US,
-            max=histogram.get_max_value() / _US,
+            count=int(summary["count"]),
+            mean=float(summary["mean"]),
+            p50=float(summary["p50"]),
+            p90=float(summary["p90"]),
+            p99=float(summary["p99"]),
+            p999=float(summary["p999"]),
+            max=float(summary["max"]),
         )
 
 
@@ -262,7 +261,7 @@ class AdaptiveClient:
         session: aiohttp.ClientSession | None = None,
         max_queue: int = 10_000,
         max_attempts: int = 3,
-        retry_statuses: Iterable[int] = (429, 503),
+        retry_statuses: Iterable[int] = REFUSAL_STATUSES,
         retry_connection_errors: bool = True,
         retry_budget: RetryBudget | None = None,
         throttle: AdaptiveThrottle | None = None,
@@ -325,9 +324,9 @@ class AdaptiveClient:
         self._default_headers = dict(headers or {})
         self._backing_off = 0
         self._counts: dict[str, int] = {}
-        self._queue_hist = HdrHistogram(1, 3_600 * 1_000_000, 3)
-        self._upstream_hist = HdrHistogram(1, 3_600 * 1_000_000, 3)
-        self._total_hist = HdrHistogram(1, 3_600 * 1_000_000, 3)
+        self._queue_hist = LatencyHistogram()
+        self._upstream_hist = LatencyHistogram()
+        self._total_hist = LatencyHistogram()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -578,9 +577,9 @@ class AdaptiveClient:
         self._counts[key] = self._counts.get(key, 0) + 1
 
     def _record(self, local_s: float, upstream_s: float, total_s: float) -> None:
-        self._queue_hist.record_value(max(1, round(local_s * _US)))
-        self._upstream_hist.record_value(max(1, round(upstream_s * _US)))
-        self._total_hist.record_value(max(1, round(total_s * _US)))
+        self._queue_hist.record(local_s)
+        self._upstream_hist.record(upstream_s)
+        self._total_hist.record(total_s)
 
     def stats(self) -> ClientStats:
         """Counts, local-versus-upstream time percentiles, and the limiter's state."""

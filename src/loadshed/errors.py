@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "REFUSAL_STATUSES",
     "ConfigError",
     "LoadshedError",
     "Outcome",
@@ -13,6 +14,12 @@ __all__ = [
     "RejectReason",
     "Rejected",
 ]
+
+
+REFUSAL_STATUSES = frozenset({429, 503})
+"""The HTTP statuses of a refusal by load shedding (503 by default, or 429): the server
+refused the request without doing it. The middleware and the proxy answer with one; the
+client, the proxy and the load generator read one as "refused", safe to retry."""
 
 
 class LoadshedError(Exception):

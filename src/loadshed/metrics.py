@@ -33,8 +33,8 @@ the scrape-time gauges.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram, make_asgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -44,10 +44,9 @@ from loadshed.admission import REJECT_COUNT_KEYS, Admission
 from loadshed.errors import Outcome, Priority, RejectReason
 
 if TYPE_CHECKING:
-    from loadshed.asgi import LoadShedMiddleware
     from loadshed.limiter import Limiter
 
-__all__ = ["DEFAULT_BUCKETS", "LoadshedMetrics"]
+__all__ = ["DEFAULT_BUCKETS", "LoadshedMetrics", "TrackedMiddleware"]
 
 DEFAULT_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -78,6 +77,27 @@ class _Listener:
         pass  # counted by the limiter, read at scrape time
 
 
+class TrackedMiddleware(Protocol):
+    """What the metrics read from a middleware, at scrape time: its public, read-only
+    counters (:class:`~loadshed.asgi.LoadShedMiddleware` has them)."""
+
+    @property
+    def limiters(self) -> Sequence[Limiter]:
+        """Every limiter the middleware uses."""
+
+    @property
+    def malformed_headers(self) -> Mapping[str, int]:
+        """Malformed header values seen, by header name."""
+
+    @property
+    def refusals_held(self) -> int:
+        """Refusals held by refusal pacing."""
+
+    @property
+    def refusal_hold_seconds(self) -> float:
+        """Seconds of hold given to paced refusals."""
+
+
 # loadshed_requests_total's (outcome, reason) labels -> the limiter's counter key.
 _REQUEST_COUNTS: tuple[tuple[str, str, str], ...] = (
     *((outcome.value, "", outcome.value) for outcome in Outcome),
@@ -90,7 +110,7 @@ class _StateCollector(Collector):
 
     def __init__(self) -> None:
         self.admissions: list[Admission] = []
-        self.middlewares: list[LoadShedMiddleware] = []
+        self.middlewares: list[TrackedMiddleware] = []
 
     def collect(self) -> Iterator[Metric]:
         # Limiters that share a name (every limiter is "default" unless named) are
@@ -169,18 +189,17 @@ class _StateCollector(Collector):
         for header, count in sorted(by_header.items()):
             malformed.add_metric([header], count)
         yield malformed
-        pacers = [m.pacer for m in self.middlewares if m.pacer is not None]
         held = CounterMetricFamily(
             "loadshed_refusals_held",
             "Refusals held before their 503 because refusals came faster than the pacing rate.",
         )
-        held.add_metric([], sum(p.held_total for p in pacers))
+        held.add_metric([], sum(m.refusals_held for m in self.middlewares))
         yield held
         hold_seconds = CounterMetricFamily(
             "loadshed_refusal_hold_seconds",
             "Seconds of hold given to paced refusals.",
         )
-        hold_seconds.add_metric([], sum(p.hold_seconds_total for p in pacers))
+        hold_seconds.add_metric([], sum(m.refusal_hold_seconds for m in self.middlewares))
         yield hold_seconds
 
 
@@ -226,8 +245,9 @@ class LoadshedMetrics:
         for limiter in limiters:
             self.track(limiter)
 
-    def track_middleware(self, middleware: LoadShedMiddleware) -> None:
-        """Track a middleware's limiters and its malformed-header counts."""
+    def track_middleware(self, middleware: TrackedMiddleware) -> None:
+        """Track a middleware's limiters, its malformed-header counts and its refusal
+        pacing (any object with :class:`TrackedMiddleware`'s read-only counters)."""
         self.track_all(middleware.limiters)
         if middleware not in self._state.middlewares:
             self._state.middlewares.append(middleware)

@@ -110,16 +110,18 @@ class Backoff:
         return ceiling * self._random()
 
 
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+def parse_retry_after(value: str | bytes | None, now: float | None = None) -> float | None:
     """Seconds to wait from a ``Retry-After`` value: delay-seconds or an HTTP-date.
 
+    The value is the header as text or as raw bytes (latin-1, as HTTP sends it).
     Fractional seconds are accepted. ``now`` is the wall-clock time (Unix seconds)
     used for dates, by default :func:`time.time`. Returns None when the value is
-    missing or malformed (a bad hint is ignored, not fatal), and never a negative delay.
+    missing or malformed (a bad hint is ignored, not fatal), and never a negative
+    delay (a date in the past, or a negative number, is 0: retry now).
     """
     if value is None:
         return None
-    text = value.strip()
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
     try:
         seconds = float(text)
     except ValueError:

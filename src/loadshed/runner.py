@@ -44,10 +44,9 @@ from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
-from hdrh.histogram import HdrHistogram
-
 from loadshed.checks import check_int, check_optional_number
 from loadshed.errors import ConfigError, LoadshedError
+from loadshed.histogram import LatencyHistogram
 
 __all__ = [
     "MAX_WORKERS_ENV",
@@ -66,10 +65,8 @@ R = TypeVar("R")
 
 START_METHODS = ("fork", "forkserver", "spawn")
 
-# Service-time histogram range: 1 us .. 1 h, 2 significant digits (1 % resolution keeps the
-# histogram at ~3,300 counters, so percentiles cost well under a millisecond to read).
-_HIST_LOWEST_US = 1
-_HIST_HIGHEST_US = 3_600_000_000
+# Service-time histogram: 2 significant digits (1 % resolution keeps the histogram at
+# ~3,300 counters, so percentiles cost well under a millisecond to read).
 _HIST_DIGITS = 2
 
 MAX_WORKERS_ENV = "LOADSHED_MAX_WORKERS"
@@ -599,8 +596,9 @@ class ModelRunner(Generic[R]):
         self._skipped = 0
         self._retried = 0
         self._restarts = 0
-        self._service_hist = HdrHistogram(_HIST_LOWEST_US, _HIST_HIGHEST_US, _HIST_DIGITS)
-        # Kept alongside: HdrHistogram.get_mean_value walks every counter in Python (slow).
+        self._service_hist = LatencyHistogram(significant_figures=_HIST_DIGITS)
+        # Kept alongside, exact: the histogram's mean is of bucket midpoints, its max a
+        # bucket's upper edge.
         self._service_total = 0.0
         self._service_max = 0.0
 
@@ -812,13 +810,12 @@ class ModelRunner(Generic[R]):
         """
         busy = self.busy
         idle = self.idle
-        hist = self._service_hist
-        count = hist.get_total_count()
-        percentiles = hist.get_percentile_to_value_dict([50, 90, 99]) if count else {}
+        summary = self._service_hist.summary()
+        count = int(summary["count"])
 
-        def seconds(percentile: float) -> float:
+        def seconds(percentile: str) -> float:
             # HDR reports a bucket's upper edge; no percentile exceeds the exact maximum.
-            return min(percentiles[percentile] / 1e6, self._service_max) if count else 0.0
+            return min(float(summary[percentile]), self._service_max) if count else 0.0
 
         return RunnerStats(
             workers=self._workers_wanted,
@@ -836,9 +833,9 @@ class ModelRunner(Generic[R]):
             restarts=self._restarts,
             service_count=count,
             service_mean=self._service_total / count if count else 0.0,
-            service_p50=seconds(50),
-            service_p90=seconds(90),
-            service_p99=seconds(99),
+            service_p50=seconds("p50"),
+            service_p90=seconds("p90"),
+            service_p99=seconds("p99"),
             service_max=self._service_max,
         )
 
@@ -992,9 +989,7 @@ class ModelRunner(Generic[R]):
             self._skipped += 1  # handed ahead, cancelled before it started: never ran
         else:
             service_seconds = now - job.started
-            self._service_hist.record_value(
-                min(_HIST_HIGHEST_US, max(_HIST_LOWEST_US, round(service_seconds * 1e6)))
-            )
+            self._service_hist.record(service_seconds)
             self._service_total += service_seconds
             self._service_max = max(self._service_max, service_seconds)
             if job.cancel_sent:

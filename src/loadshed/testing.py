@@ -2,6 +2,9 @@
 
 with serve(app) as base_url:
     ...  # real HTTP to base_url, e.g. "http://127.0.0.1:54321"
+
+with serve_config(uvicorn.Config(app, port=0, ...)) as server:
+    ...  # any uvicorn settings; base_url(server), server.servers[0].get_loop()
 """
 
 from __future__ import annotations
@@ -14,7 +17,34 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["serve"]
+__all__ = ["base_url", "serve", "serve_config"]
+
+
+@contextmanager
+def serve_config(
+    config: uvicorn.Config, *, startup_timeout: float = 10.0, stop_timeout: float = 10.0
+) -> Iterator[uvicorn.Server]:
+    """Run a uvicorn server with ``config`` on a background thread; yield it once it
+    listens, and stop it (waiting up to ``stop_timeout``) when the block ends."""
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="loadshed-test-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn did not start on {config.host} within {startup_timeout}s")
+        time.sleep(0.01)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        thread.join(timeout=stop_timeout)
+
+
+def base_url(server: uvicorn.Server) -> str:
+    """``http://host:port`` of a started server (its first listening socket)."""
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return f"http://{server.config.host}:{port}"
 
 
 @contextmanager
@@ -23,17 +53,5 @@ def serve(app: Any, *, host: str = "127.0.0.1", startup_timeout: float = 10.0) -
     config = uvicorn.Config(
         app, host=host, port=0, log_level="warning", lifespan="off", access_log=False
     )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="loadshed-test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"uvicorn did not start on {host} within {startup_timeout}s")
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serve_config(config, startup_timeout=startup_timeout) as server:
+        yield base_url(server)

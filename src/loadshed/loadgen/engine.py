@@ -19,14 +19,10 @@ import aiohttp
 from yarl import URL
 
 from loadshed.clock import MONOTONIC, Clock
-from loadshed.loadgen.options import (
-    REJECTED_STATUSES,
-    RETRY_AFTER,
-    BenchOptions,
-    parse_retry_after,
-)
+from loadshed.loadgen.options import REJECTED_STATUSES, RETRY_AFTER, BenchOptions
 from loadshed.loadgen.results import RunResult
 from loadshed.loadgen.schedule import arrival_offsets
+from loadshed.retry import parse_retry_after
 
 __all__ = ["Engine", "LiveCounters", "run_engine"]
 

@@ -11,7 +11,8 @@ import math
 from typing import Literal
 from urllib.parse import urlsplit
 
-from loadshed.errors import ConfigError
+from loadshed.errors import REFUSAL_STATUSES, ConfigError
+from loadshed.retry import parse_retry_after  # re-exported: its home is loadshed.retry
 
 __all__ = [
     "ARRIVALS",
@@ -47,7 +48,8 @@ DEFAULT_MAX_LAG_S = 0.05
 """Default bound on the p99 of the open loop's lag behind its schedule. Past it the generator,
 not the target, is shaping the load, so the run is refused (timer jitter is ~1 ms)."""
 
-REJECTED_STATUSES = frozenset({429, 503})
+REJECTED_STATUSES = REFUSAL_STATUSES
+"""Statuses counted as rejections (load shedding), whose latency is tracked separately."""
 
 RETRY_AFTER: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "loadshed_retry_after", default=None
@@ -64,20 +66,6 @@ def check_retry_jitter(retry_jitter: float, honor_retry_after: bool) -> None:
         raise ConfigError("--retry-jitter", f"must be within [0, 1], got {retry_jitter}")
     if retry_jitter and not honor_retry_after:
         raise ConfigError("--retry-jitter", "needs --honor-retry-after")
-
-
-def parse_retry_after(value: bytes | str | None) -> float | None:
-    """``Retry-After`` as delta-seconds (HTTP dates and junk give None)."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        return None
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
-
-
-"""Statuses counted as rejections (load shedding), whose latency is tracked separately."""
 
 
 def validate_url(url: str, field: str = "URL") -> str:
@@ -117,8 +105,8 @@ class BenchOptions:
     max_lag_s: float = DEFAULT_MAX_LAG_S
     client: ClientKind = dataclasses.field(default_factory=default_client)
     honor_retry_after: bool = False
-    """Closed loop: after a 429/503 with ``Retry-After`` (seconds), a client waits that
-    long before its next request, as a well-behaved client does."""
+    """Closed loop: after a 429/503 with ``Retry-After`` (seconds, or an HTTP date), a client
+    waits that long before its next request, as a well-behaved client does."""
     retry_jitter: float = 0.0
     """With ``honor_retry_after``: each wait is ``Retry-After`` times a factor drawn
     uniformly from [1 - retry_jitter, 1 + retry_jitter] (0: exactly as told), so that

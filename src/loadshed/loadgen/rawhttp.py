@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from loadshed.loadgen.options import REJECTED_STATUSES, RETRY_AFTER, parse_retry_after
+from loadshed.loadgen.options import REJECTED_STATUSES, RETRY_AFTER
+from loadshed.retry import parse_retry_after
 
 __all__ = ["ConnectFailed", "MalformedResponse", "RawHttpClient", "ResponseIncomplete"]
 

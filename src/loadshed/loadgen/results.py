@@ -9,9 +9,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hdrh.histogram import HdrHistogram
-
 from loadshed.errors import ConfigError
+from loadshed.histogram import PERCENTILES, LatencyHistogram
 from loadshed.loadgen.options import REJECTED_STATUSES
 
 __all__ = [
@@ -29,125 +28,7 @@ ERROR_KINDS = ("timeout", "connect", "reset", "other")
 HISTOGRAMS = ("all", "success", "rejected", "send_lag")
 """Histograms kept per run: every outcome, 2xx, 429/503, and the open loop's schedule lag."""
 
-PERCENTILES: tuple[tuple[str, float], ...] = (
-    ("p50", 50.0),
-    ("p75", 75.0),
-    ("p90", 90.0),
-    ("p99", 99.0),
-    ("p999", 99.9),
-)
-
-_LOWEST_US = 1
-_HIGHEST_US = 3_600_000_000  # one hour
-_SIGNIFICANT_FIGURES = 3
-_SUB_BUCKET_BITS = 11  # 3 significant figures: 2 * 10**3 -> 2048 sub-buckets
 JSON_VERSION = 1
-
-
-class LatencyHistogram:
-    """An HDR histogram of durations, recorded in whole microseconds (1 us .. 1 h, 3 digits).
-
-    Merging is exact: merged percentiles equal those of one histogram fed every value.
-    Recording is on the generator's hot path, and hdrh's ``record_value`` is pure Python
-    (~25 us), so values are first rounded down to their HDR bucket (exactly as hdrh does) and
-    counted in a dict; the counts reach the histogram in bulk before any read.
-    """
-
-    __slots__ = ("_hist", "_pending")
-
-    def __init__(self, hist: HdrHistogram | None = None) -> None:
-        self._hist = hist or HdrHistogram(_LOWEST_US, _HIGHEST_US, _SIGNIFICANT_FIGURES)
-        self._pending: dict[int, int] = {}
-
-    def record(self, seconds: float) -> None:
-        """Record one duration in seconds (clamped to the trackable range)."""
-        micros = int(seconds * 1e6 + 0.5)
-        if micros < _LOWEST_US:
-            micros = _LOWEST_US
-        elif micros > _HIGHEST_US:
-            micros = _HIGHEST_US
-        # The lowest value of its bucket: 2048 sub-buckets (3 significant digits) per power of 2.
-        shift = micros.bit_length() - _SUB_BUCKET_BITS
-        if shift > 0:
-            micros = (micros >> shift) << shift
-        pending = self._pending
-        pending[micros] = pending.get(micros, 0) + 1
-
-    def _flush(self) -> HdrHistogram:
-        if self._pending:
-            record = self._hist.record_value
-            for value, count in self._pending.items():
-                record(value, count)
-            self._pending.clear()
-        return self._hist
-
-    def add(self, other: LatencyHistogram) -> None:
-        """Add every value of ``other`` into this histogram."""
-        self._flush().add(other._flush())
-
-    @property
-    def count(self) -> int:
-        """Number of recorded values."""
-        return int(self._flush().get_total_count())
-
-    def percentile(self, percent: float) -> float:
-        """The value at ``percent`` (0..100) in seconds; 0 when empty."""
-        if self.count == 0:
-            return 0.0
-        return float(self._hist.get_value_at_percentile(percent)) / 1e6
-
-    def summary(self) -> dict[str, float | int]:
-        """``{count, p50, p75, p90, p99, p999, max, mean, stdev}``, durations in seconds.
-
-        One pass over the counts gives the same values as hdrh's per-statistic methods
-        (percentiles: the highest equivalent value; mean and stdev: median equivalents),
-        which each walk the whole array in Python and take ~0.1 s apiece.
-        """
-        total = self.count
-        hist = self._hist
-        out: dict[str, float | int] = {"count": total}
-        if total == 0:
-            out.update({name: 0.0 for name, _ in PERCENTILES})
-            out.update(max=0.0, mean=0.0, stdev=0.0)
-            return out
-        targets = [
-            (name, max(int(percent * total / 100 + 0.5), 1)) for name, percent in PERCENTILES
-        ]
-        found: dict[str, int] = {}
-        buckets: list[tuple[int, int]] = []  # (median equivalent value, count)
-        running = 0
-        next_target = 0
-        for index, count in enumerate(list(hist.counts)):
-            if not count:
-                continue
-            value = hist.get_value_from_index(index)
-            running += count
-            while next_target < len(targets) and running >= targets[next_target][1]:
-                found[targets[next_target][0]] = hist.get_highest_equivalent_value(value)
-                next_target += 1
-            low = hist.get_lowest_equivalent_value(value)
-            high = hist.get_highest_equivalent_value(value)
-            buckets.append((low + (high - low + 1) // 2, count))
-        mean = sum(v * c for v, c in buckets) / total
-        variance = sum((v - mean) ** 2 * c for v, c in buckets) / total
-        for name, _ in PERCENTILES:
-            out[name] = found.get(name, 0) / 1e6
-        out["max"] = float(hist.get_max_value()) / 1e6
-        out["mean"] = mean / 1e6
-        out["stdev"] = math.sqrt(variance) / 1e6
-        return out
-
-    def encode(self) -> str:
-        """The histogram in HdrHistogram's compressed base64 form (portable across tools)."""
-        return bytes(self._flush().encode()).decode("ascii")
-
-    @classmethod
-    def decode(cls, text: str) -> LatencyHistogram:
-        """Rebuild a histogram from :meth:`encode` output."""
-        hist = cls()
-        if text:
-            hist._hist.decode_and_add(text.encode("ascii"))
-        return hist
 
 
 @dataclasses.dataclass

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -41,9 +41,10 @@ from yarl import URL
 
 from loadshed.admission import Token
 from loadshed.asgi import LoadShedMiddleware
+from loadshed.asgitypes import Receive, Scope, Send
 from loadshed.clock import Clock
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_timeout_seconds
-from loadshed.errors import Outcome
+from loadshed.errors import REFUSAL_STATUSES, Outcome
 from loadshed.limiter import Limiter
 from loadshed.limits import make_limit
 from loadshed.metrics import LoadshedMetrics
@@ -55,17 +56,11 @@ from loadshed.proxy.security import ClientConnections, is_origin_form, safe_path
 
 __all__ = ["ProxyApp", "ProxyMetrics", "create_proxy"]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
 logger = logging.getLogger("loadshed.proxy")
 
 _UPSTREAM_KEY = "loadshed.upstream"
 _PATH_KEY = "loadshed.upstream_path"  # the path to forward: dot segments resolved
 _URL_CACHE_SIZE = 1024
-_DROP_STATUSES = frozenset({429, 503})  # the upstream shed load: a capacity signal
 _JSON = (b"content-type", b"application/json")
 # aiohttp would add these when absent; a proxy must not invent them.
 _SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
@@ -471,8 +466,8 @@ class ProxyApp:
                 if token is not None:
                     token.release(Outcome.DROPPED)
                 return
-            if token is not None and status in _DROP_STATUSES:
-                token.dropped()
+            if token is not None and status in REFUSAL_STATUSES:
+                token.dropped()  # the upstream shed load: a capacity signal
             await self._stream_response(response, send, watch, upstream, token)
         except asyncio.CancelledError:
             if exchange.interrupted is None:

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from loadshed.errors import ConfigError
+from loadshed.errors import REFUSAL_STATUSES, ConfigError
 from loadshed.limits import make_limit
 from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacing
 from loadshed.waitbound import DEFAULT_WAIT_CEILING
@@ -195,7 +195,7 @@ class ProxyConfig:
                 raise ConfigError(flag, f"must be an integer >= {low}, got {value}")
         if not (math.isfinite(self.grace) and self.grace >= 0):
             raise ConfigError("--grace", f"must be a duration >= 0, e.g. 10s; got {self.grace!r}")
-        if self.reject_status not in (429, 503):
+        if self.reject_status not in REFUSAL_STATUSES:
             raise ConfigError("--reject-status", f"got {self.reject_status}, allowed: 429|503")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError("--metrics-port", f"must be 0..65535, got {self.metrics_port}")

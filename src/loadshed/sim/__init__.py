@@ -16,6 +16,7 @@ from __future__ import annotations
 from loadshed.sim.engine import Engine
 from loadshed.sim.scenarios import (
     SIM_LIMITS,
+    FleetScenario,
     LimiterConfig,
     ServiceConfig,
     run_capacity_change,
@@ -26,6 +27,7 @@ from loadshed.sim.scenarios import (
 __all__ = [
     "SIM_LIMITS",
     "Engine",
+    "FleetScenario",
     "LimiterConfig",
     "ServiceConfig",
     "run_capacity_change",

@@ -20,10 +20,10 @@ from loadshed.sim.arrivals import ARRIVAL_KINDS
 from loadshed.sim.fleet import BALANCERS
 from loadshed.sim.scenarios import (
     SIM_LIMITS,
+    FleetScenario,
     LimiterConfig,
     ServiceConfig,
     run_capacity_change,
-    run_fleet,
     run_paradox,
 )
 from loadshed.sim.service import DISTRIBUTIONS
@@ -391,32 +391,14 @@ def capacity_change(**options: Any) -> None:
 def fleet(**options: Any) -> None:
     """Replicas behind a balancer, each with its own limiter; some slow down for a while."""
     as_json = options.pop("as_json")
-    limiter = _limiter(options)
-    result = run_fleet(
-        limiter=limiter,
-        replicas=options["replicas"],
-        workers=options["workers"],
-        service_time=options["service_time"],
-        dist=options["service_dist"],
-        sigma=options["sigma"],
-        rate=options["rate"],
-        load=options["load"],
-        arrivals=options["arrivals"],
-        burst_size=options["burst_size"],
-        balancer=options["balancer"],
-        slow_fraction=options["slow_fraction"],
-        slow_factor=options["slow_factor"],
-        slow_at=options["slow_at"],
-        slow_for=options["slow_for"],
-        timeout=options["timeout"],
-        retries=options["retries"],
-        rtt=options["rtt"],
-        send_deadline=not options["no_deadline"],
-        origin_queue=options["origin_queue"],
-        duration=options["duration"],
-        seed=options["seed"],
+    # Every other flag is the FleetScenario field of the same name.
+    scenario = FleetScenario(
+        limiter=_limiter(options),
+        dist=options.pop("service_dist"),
+        send_deadline=not options.pop("no_deadline"),
+        **options,
     )
-    _emit(result, as_json, "phase")
+    _emit(scenario.run(), as_json, "phase")
 
 
 DEMO_SCALE = 0.1

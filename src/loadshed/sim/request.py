@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from loadshed.sim.server import Replica
-
-__all__ = ["Request", "Status"]
+__all__ = ["Handler", "Request", "Status"]
 
 
 class Status:
@@ -19,6 +16,20 @@ class Status:
     """A 503 from the limiter (fast rejection)."""
     ORIGIN_REJECTED = 2
     """A 503 from the origin itself (its own queue was full)."""
+
+
+class Handler(Protocol):
+    """The server that has a request (a :class:`~loadshed.sim.server.Replica`): told when
+    the request gets its token, is evicted from the queue, or its client leaves."""
+
+    def granted(self, request: Request, token: Any) -> None:
+        """The request got a token."""
+
+    def evicted(self, request: Request) -> None:
+        """The request was evicted from the queue."""
+
+    def client_left(self, request: Request) -> None:
+        """The client gave up on the request before its answer."""
 
 
 class Request:
@@ -54,7 +65,8 @@ class Request:
         """The owner's own number for it (closed-loop: the client's index)."""
         self.deadline: float | None = None
         self.arrived_at = 0.0
-        self.replica: Replica | None = None
+        self.replica: Handler | None = None
+        """The replica that has the request (None before it arrives and after it leaves)."""
         self.token: Any = None
         self.ticket: Any = None
         self.served = False

@@ -2,11 +2,13 @@
 a capacity change (E2), and a fleet of replicas some of which slow down.
 
 Each ``run_*`` function builds the simulation from plain settings, runs it and
-returns a JSON-ready dict; the same seed gives the same dict.
+returns a JSON-ready dict; the same seed gives the same dict. The fleet's settings are
+a typed, frozen :class:`FleetScenario` (``run_fleet`` takes one, or its fields).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -28,6 +30,7 @@ from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
 __all__ = [
     "SIM_LIMITS",
+    "FleetScenario",
     "LimiterConfig",
     "ServiceConfig",
     "run_capacity_change",
@@ -366,161 +369,219 @@ def run_capacity_change(
     }
 
 
-def run_fleet(
-    *,
-    limiter: LimiterConfig,
-    replicas: int = 10,
-    workers: int = 2,
-    service_time: float = 0.2,
-    dist: str = "lognormal",
-    sigma: float = 0.5,
-    rate: float | None = None,
-    load: float = 0.8,
-    arrivals: str = "poisson",
-    burst_size: int = 10,
-    balancer: str = "round-robin",
-    slow_fraction: float = 0.1,
-    slow_factor: float = 4.0,
-    slow_at: float | None = None,
-    slow_for: float | None = None,
-    timeout: float = 1.0,
-    retries: int = 1,
-    rtt: float = 0.001,
-    send_deadline: bool = True,
-    origin_queue: int | None = None,
-    duration: float = 60.0,
-    seed: int = 1,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FleetScenario:
     """Open-loop traffic over ``replicas`` behind a balancer; a fraction of them run
-    ``slow_factor`` times slower from ``slow_at`` for ``slow_for`` seconds.
+    ``slow_factor`` times slower from ``slow_at`` for ``slow_for`` seconds (by default
+    the middle third of the run). Invalid settings raise :class:`ConfigError` naming the
+    field: at construction, but for ``origin_queue`` and ``balancer``, checked when the run
+    builds the fleet.
 
     ``rate`` defaults to ``load`` x the healthy fleet's capacity. A rejected request is
     retried ``retries`` times through the balancer within its timeout. Steps are the
     phases before, during and after the slowdown; goodput ratio is goodput /
     min(capacity, arrivals per second in the phase).
     """
-    _check_positive("duration", duration)
-    if replicas < 1:
-        raise ConfigError("replicas", f"must be >= 1, got {replicas}")
-    if workers < 1:
-        raise ConfigError("workers", f"must be >= 1, got {workers}")
-    if not 0 <= slow_fraction <= 1:
-        raise ConfigError("slow_fraction", f"must be within [0, 1], got {slow_fraction}")
-    _check_positive("slow_factor", slow_factor)
-    _check_positive("load", load)
-    start = duration / 3 if slow_at is None else slow_at
-    length = duration / 3 if slow_for is None else slow_for
-    if not 0 < start < duration or not length > 0 or start + length > duration:
-        raise ConfigError(
-            "slow_at", f"slowdown [{start:g}, {start + length:g}] must lie within (0, {duration:g})"
-        )
-    service = ServiceConfig(service_time, dist, sigma)
-    capacity = replicas * workers / service_time
-    offered = capacity * load if rate is None else rate
-    arrival_process = make_arrivals(arrivals, offered, burst_size)
-    config = ClientConfig(timeout=timeout, rtt=rtt, send_deadline=send_deadline, retries=retries)
 
-    engine = Engine()
-    service_rng = _seeded(seed)
-    fleet = [
-        Replica(
-            engine,
-            workers=workers,
-            service=service.build(service_rng),
-            admission=limiter.build(engine),
-            one_way=config.one_way,
-            origin_queue=origin_queue,
-            index=index,
-        )
-        for index in range(replicas)
-    ]
-    choice_rng = _seeded(seed, 2)
-    slowed = sorted(choice_rng.sample(range(replicas), round(slow_fraction * replicas)))
+    limiter: LimiterConfig
+    replicas: int = 10
+    workers: int = 2
+    service_time: float = 0.2
+    dist: str = "lognormal"
+    sigma: float = 0.5
+    rate: float | None = None
+    load: float = 0.8
+    arrivals: str = "poisson"
+    burst_size: int = 10
+    balancer: str = "round-robin"
+    slow_fraction: float = 0.1
+    slow_factor: float = 4.0
+    slow_at: float | None = None
+    slow_for: float | None = None
+    timeout: float = 1.0
+    retries: int = 1
+    rtt: float = 0.001
+    send_deadline: bool = True
+    origin_queue: int | None = None
+    duration: float = 60.0
+    seed: int = 1
 
-    def slow_down(factor: float) -> None:
-        for index in slowed:
-            fleet[index].origin.slow_factor = factor
-
-    engine.at(start, slow_down, slow_factor)
-    engine.at(start + length, slow_down, 1.0)
-    front = make_balancer(balancer, fleet, _seeded(seed, 3))
-    phases = [
-        Phase("before", 0.0, start),
-        Phase("during", start, start + length),
-        Phase("after", start + length, duration),
-    ]
-    recorder = Recorder([p for p in phases if p.seconds > 0])
-    OpenLoop(
-        engine,
-        front,
-        config,
-        recorder,
-        arrivals=arrival_process,
-        rng=_seeded(seed, 1),
-        stop=duration,
-    )
-    engine.run(duration)
-
-    slow_capacity = (replicas - len(slowed)) * workers / service_time + len(slowed) * workers / (
-        service_time * slow_factor
-    )
-    steps = []
-    for phase in recorder.phases:
-        phase_capacity = slow_capacity if phase.name == "during" else capacity
-        # Poisson arrivals: judge against the requests that actually arrived
-        arrived = recorder.stats(phase.name).sent / phase.seconds
-        step = {
-            "phase": phase.name,
-            "rate": _round(offered),
-            **_step(recorder, phase.name, phase_capacity, min(phase_capacity, arrived), fleet),
-        }
-        if slowed and fleet[0].limit_trace is not None:
-            step["mean_limit_slowed"] = _round(
-                statistics.fmean(_trace(fleet[i]).mean(phase.start, phase.end) for i in slowed),
-                3,
+    def __post_init__(self) -> None:
+        _check_positive("duration", self.duration)
+        if self.replicas < 1:
+            raise ConfigError("replicas", f"must be >= 1, got {self.replicas}")
+        if self.workers < 1:
+            raise ConfigError("workers", f"must be >= 1, got {self.workers}")
+        if not 0 <= self.slow_fraction <= 1:
+            raise ConfigError("slow_fraction", f"must be within [0, 1], got {self.slow_fraction}")
+        _check_positive("slow_factor", self.slow_factor)
+        _check_positive("load", self.load)
+        start, length, duration = self.slow_start, self.slow_length, self.duration
+        if not 0 < start < duration or not length > 0 or start + length > duration:
+            raise ConfigError(
+                "slow_at",
+                f"slowdown [{start:g}, {start + length:g}] must lie within (0, {duration:g})",
             )
-        steps.append(step)
-    converge_s = None
-    if slowed and fleet[0].limit_trace is not None:
-        # the median slowed replica (one that never settles counts as infinitely slow)
-        times = sorted(
-            math.inf if t is None else t
-            for t in (_trace(fleet[i]).converge_time(start, start + length) for i in slowed)
+        # What the run's parts check, checked now (in the order the run builds them).
+        ServiceConfig(self.service_time, self.dist, self.sigma)
+        make_arrivals(self.arrivals, self.offered_rate, self.burst_size)
+        ClientConfig(
+            timeout=self.timeout,
+            rtt=self.rtt,
+            send_deadline=self.send_deadline,
+            retries=self.retries,
         )
-        median = times[len(times) // 2]
-        converge_s = None if math.isinf(median) else _round(median, 3)
-    return {
-        "scenario": "fleet",
-        "limit": limiter.name,
-        "capacity_rps": _round(capacity),
-        "deadlines": send_deadline,
-        "seed": seed,
-        "settings": {
-            "replicas": replicas,
-            "workers": workers,
-            "service": dist,
-            "service_time_s": service_time,
-            "sigma": sigma,
-            "rate": _round(offered),
-            "arrivals": arrivals,
-            "burst_size": burst_size,
-            "balancer": balancer,
-            "slowed_replicas": len(slowed),
-            "slow_factor": slow_factor,
-            "slow_at_s": start,
-            "slow_for_s": length,
-            "timeout_s": timeout,
-            "retries": retries,
-            "rtt_s": rtt,
-            "duration_s": duration,
-            "origin_queue": origin_queue,
-            "max_queue": limiter.max_queue,
-            "discipline": limiter.discipline,
-        },
-        "steps": steps,
-        "converge_s": converge_s,
-        "events": engine.events,
-    }
+
+    @property
+    def capacity(self) -> float:
+        """Requests per second the healthy fleet serves."""
+        return self.replicas * self.workers / self.service_time
+
+    @property
+    def offered_rate(self) -> float:
+        """Requests per second sent: ``rate``, or ``load`` x :attr:`capacity`."""
+        return self.capacity * self.load if self.rate is None else self.rate
+
+    @property
+    def slow_start(self) -> float:
+        """When the slowdown begins (``slow_at``, by default a third in)."""
+        return self.duration / 3 if self.slow_at is None else self.slow_at
+
+    @property
+    def slow_length(self) -> float:
+        """How long the slowdown lasts (``slow_for``, by default a third of the run)."""
+        return self.duration / 3 if self.slow_for is None else self.slow_for
+
+    def run(self) -> dict[str, Any]:
+        """Run the scenario; a JSON-ready dict (the same seed gives the same dict)."""
+        limiter, replicas, workers = self.limiter, self.replicas, self.workers
+        service_time, dist, sigma = self.service_time, self.dist, self.sigma
+        arrivals, burst_size = self.arrivals, self.burst_size
+        balancer, slow_fraction, slow_factor = self.balancer, self.slow_fraction, self.slow_factor
+        timeout, retries, rtt = self.timeout, self.retries, self.rtt
+        send_deadline, origin_queue = self.send_deadline, self.origin_queue
+        duration, seed = self.duration, self.seed
+        start, length = self.slow_start, self.slow_length
+        service = ServiceConfig(service_time, dist, sigma)
+        capacity = self.capacity
+        offered = self.offered_rate
+        arrival_process = make_arrivals(arrivals, offered, burst_size)
+        config = ClientConfig(
+            timeout=timeout, rtt=rtt, send_deadline=send_deadline, retries=retries
+        )
+
+        engine = Engine()
+        service_rng = _seeded(seed)
+        fleet = [
+            Replica(
+                engine,
+                workers=workers,
+                service=service.build(service_rng),
+                admission=limiter.build(engine),
+                one_way=config.one_way,
+                origin_queue=origin_queue,
+                index=index,
+            )
+            for index in range(replicas)
+        ]
+        choice_rng = _seeded(seed, 2)
+        slowed = sorted(choice_rng.sample(range(replicas), round(slow_fraction * replicas)))
+
+        def slow_down(factor: float) -> None:
+            for index in slowed:
+                fleet[index].origin.slow_factor = factor
+
+        engine.at(start, slow_down, slow_factor)
+        engine.at(start + length, slow_down, 1.0)
+        front = make_balancer(balancer, fleet, _seeded(seed, 3))
+        phases = [
+            Phase("before", 0.0, start),
+            Phase("during", start, start + length),
+            Phase("after", start + length, duration),
+        ]
+        recorder = Recorder([p for p in phases if p.seconds > 0])
+        OpenLoop(
+            engine,
+            front,
+            config,
+            recorder,
+            arrivals=arrival_process,
+            rng=_seeded(seed, 1),
+            stop=duration,
+        )
+        engine.run(duration)
+
+        slow_capacity = (replicas - len(slowed)) * workers / service_time + len(
+            slowed
+        ) * workers / (service_time * slow_factor)
+        steps = []
+        for phase in recorder.phases:
+            phase_capacity = slow_capacity if phase.name == "during" else capacity
+            # Poisson arrivals: judge against the requests that actually arrived
+            arrived = recorder.stats(phase.name).sent / phase.seconds
+            step = {
+                "phase": phase.name,
+                "rate": _round(offered),
+                **_step(recorder, phase.name, phase_capacity, min(phase_capacity, arrived), fleet),
+            }
+            if slowed and fleet[0].limit_trace is not None:
+                step["mean_limit_slowed"] = _round(
+                    statistics.fmean(_trace(fleet[i]).mean(phase.start, phase.end) for i in slowed),
+                    3,
+                )
+            steps.append(step)
+        converge_s = None
+        if slowed and fleet[0].limit_trace is not None:
+            # the median slowed replica (one that never settles counts as infinitely slow)
+            times = sorted(
+                math.inf if t is None else t
+                for t in (_trace(fleet[i]).converge_time(start, start + length) for i in slowed)
+            )
+            median = times[len(times) // 2]
+            converge_s = None if math.isinf(median) else _round(median, 3)
+        return {
+            "scenario": "fleet",
+            "limit": limiter.name,
+            "capacity_rps": _round(capacity),
+            "deadlines": send_deadline,
+            "seed": seed,
+            "settings": {
+                "replicas": replicas,
+                "workers": workers,
+                "service": dist,
+                "service_time_s": service_time,
+                "sigma": sigma,
+                "rate": _round(offered),
+                "arrivals": arrivals,
+                "burst_size": burst_size,
+                "balancer": balancer,
+                "slowed_replicas": len(slowed),
+                "slow_factor": slow_factor,
+                "slow_at_s": start,
+                "slow_for_s": length,
+                "timeout_s": timeout,
+                "retries": retries,
+                "rtt_s": rtt,
+                "duration_s": duration,
+                "origin_queue": origin_queue,
+                "max_queue": limiter.max_queue,
+                "discipline": limiter.discipline,
+            },
+            "steps": steps,
+            "converge_s": converge_s,
+            "events": engine.events,
+        }
+
+
+def run_fleet(scenario: FleetScenario | None = None, /, **settings: Any) -> dict[str, Any]:
+    """Run a :class:`FleetScenario`, given whole or built from its fields as keywords
+    (``run_fleet(limiter=LimiterConfig("little"), replicas=20)``); keywords given with a
+    scenario replace its fields. Returns :meth:`FleetScenario.run`'s dict."""
+    if scenario is None:
+        scenario = FleetScenario(**settings)
+    elif settings:
+        scenario = dataclasses.replace(scenario, **settings)
+    return scenario.run()
 
 
 def _trace(replica: Replica) -> LimitTrace:
