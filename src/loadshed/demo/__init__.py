@@ -4,12 +4,13 @@ Each is a plain Starlette app built by a factory that takes its settings (invali
 :class:`~loadshed.errors.ConfigError` at once); none carries any protection, so that the same
 service can be measured bare and behind loadshed:
 
-- :mod:`loadshed.demo.hashburn`: E1's CPU-bound model. ``GET /calculate?input=...`` burns the
-  event loop's CPU for a set service time, so one server process is one worker.
+- :mod:`loadshed.demo.hashburn`: the throughput paradox's CPU-bound model.
+  ``GET /calculate?input=...`` burns the event loop's CPU for a set service time, so one
+  server process is one worker.
 - :mod:`loadshed.demo.digits`: a scikit-learn classifier trained at start-up on the digits
   data set scikit-learn ships, served through :class:`~loadshed.runner.ModelRunner`.
-- :mod:`loadshed.demo.origin`: E2's origin: ``workers`` slots held for a changeable work time
-  (asyncio sleep), a bounded queue, 503 past it.
+- :mod:`loadshed.demo.origin`: the capacity-change experiment's origin: ``workers`` slots
+  held for a changeable work time (asyncio sleep), a bounded queue, 503 past it.
 
 :func:`create_demo_app` builds one by name (imports are lazy: ``digits`` pulls in
 scikit-learn).

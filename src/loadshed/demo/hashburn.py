@@ -1,6 +1,7 @@
-"""E1's CPU-bound model: ``GET /calculate?input=...`` hashes its input for a set service time.
+"""The throughput paradox's CPU-bound model (docs/design.md): ``GET /calculate?input=...``
+hashes its input for a set service time.
 
-The handler burns CPU synchronously on the event loop, as the FastAPI app of E1 did (an
+The handler burns CPU synchronously on the event loop, as the paradox's FastAPI app did (an
 ``async def`` endpoint doing blocking work), so one server process serves one request at a
 time: capacity is exactly ``1 / service_time`` requests per second per process and everything
 else waits in the server's accept queue. That is the service whose goodput collapses when the
@@ -30,7 +31,7 @@ from loadshed.runner import ModelRunner, RunnerError
 __all__ = ["DEFAULT_SERVICE_TIME", "burn", "create_app", "create_pool_app", "hash_chain"]
 
 DEFAULT_SERVICE_TIME = 0.5
-"""E1's work per request, seconds."""
+"""The throughput paradox's work per request, seconds."""
 
 # Rounds between clock reads: ~50-100 us of hashing, so the overshoot past the service time is
 # negligible and the clock read costs nothing.
@@ -86,7 +87,8 @@ def create_app(
 ) -> Starlette:
     """Build the hashburn service.
 
-    ``service_time``: seconds of CPU burnt per request (default 0.5, as in E1).
+    ``service_time``: seconds of CPU burnt per request (default 0.5, as in the
+    throughput paradox).
     ``max_input_bytes``: longest accepted ``input`` (longer gets 422).
     Raises :class:`~loadshed.errors.ConfigError` naming a bad setting.
     """
@@ -122,16 +124,17 @@ def create_app(
 def create_pool_app(
     service_time: float = DEFAULT_SERVICE_TIME, *, workers: int = 1, max_input_bytes: int = 4096
 ) -> Starlette:
-    """hashburn served as E1's app was: the burn runs in ``workers`` worker processes.
+    """hashburn served as the throughput paradox's app was: the burn runs in ``workers``
+    worker processes.
 
     The same endpoints and answers as :func:`create_app`, but :func:`burn` runs in a
     :class:`~loadshed.runner.ModelRunner` instead of on the event loop. On the loop, a
     burning request blocks everything else, so an in-process middleware only ever sees
     one request at a time (every other one waits in the kernel's accept queue, out of its
-    sight) and cannot shed anything. With the work in a worker process, as with E1's
-    process pool, the loop stays free to admit, queue and reject. Without protection the
-    paradox is intact: requests wait in the runner's FIFO, and those whose client gave up
-    are still computed. Capacity is ``workers / service_time``.
+    sight) and cannot shed anything. With the work in a worker process, as with the
+    paradox app's process pool, the loop stays free to admit, queue and reject. Without
+    protection the paradox is intact: requests wait in the runner's FIFO, and those whose
+    client gave up are still computed. Capacity is ``workers / service_time``.
     """
     service_time = positive_number(service_time, "service_time", maximum=3600.0)
     workers = positive_int(workers, "workers")

@@ -1,10 +1,11 @@
 """``loadshed demo``: the throughput paradox and its cure, measured live.
 
-E1 (docs/design.md), for real and scaled in time: hashburn (one worker, 0.5 s of CPU per
-request) runs as ``loadshed serve-demo`` subprocesses on 127.0.0.1, once bare and once behind
-``LoadShedMiddleware`` (``--protect`` variants; ``none,little`` by default). Each is driven in
-turn by loadshed's own closed-loop load generator at a few client counts, with the client
-timeout at 4 service times (E1's 2 s for 0.5 s), and the results are printed side by side.
+The throughput paradox (docs/design.md), for real and scaled in time: hashburn (one worker,
+0.5 s of CPU per request) runs as ``loadshed serve-demo`` subprocesses on 127.0.0.1, once bare
+and once behind ``LoadShedMiddleware`` (``--protect`` variants; ``none,little`` by default).
+Each is driven in turn by loadshed's own closed-loop load generator at a few client counts,
+with the client timeout at 4 service times (the paradox's 2 s for 0.5 s), and the results are
+printed side by side.
 
 ``--scale`` multiplies every time (service time, client timeout, deadline target) so the shape
 holds while the demo shrinks: the default 0.2 serves 0.1 s requests to clients that give up
@@ -56,9 +57,9 @@ __all__ = [
 ]
 
 E1_SERVICE_TIME = 0.5
-"""E1's work per request, seconds."""
+"""The throughput paradox's work per request, seconds."""
 E1_TIMEOUT = 2.0
-"""E1's client timeout, seconds."""
+"""The throughput paradox's client timeout, seconds."""
 DEFAULT_SCALE = 0.2
 DEFAULT_CLIENTS = (1, 2, 4, 8, 16)
 DEFAULT_PROTECT = ("none", "little")
@@ -72,7 +73,8 @@ class LiveError(LoadshedError):
 
 @dataclasses.dataclass(frozen=True)
 class LiveConfig:
-    """One live E1 run: which protections, which client counts, how long, at what scale."""
+    """One live throughput-paradox run: which protections, which client counts, how long,
+    at what scale."""
 
     protect: tuple[str, ...] = DEFAULT_PROTECT
     clients: tuple[int, ...] = DEFAULT_CLIENTS
@@ -81,7 +83,8 @@ class LiveConfig:
     warmup_s: float = 1.0
     workers: int = 1
     honor_retry_after: bool = False
-    """Clients wait out a 503's Retry-After (E1's clients, like bombardier, do not)."""
+    """Clients wait out a 503's Retry-After (the paradox's clients, like
+    bombardier, do not)."""
     retry_jitter: float = 0.0
     """With ``honor_retry_after``: waits drawn from Retry-After x [1 - j, 1 + j]."""
 
@@ -104,17 +107,19 @@ class LiveConfig:
 
     @property
     def service_time_s(self) -> float:
-        """hashburn's work per request: E1's 0.5 s times the scale."""
+        """hashburn's work per request: the paradox's 0.5 s times the scale."""
         return E1_SERVICE_TIME * self.scale
 
     @property
     def timeout_s(self) -> float:
-        """The clients' timeout: E1's 2 s (4 service times) times the scale."""
+        """The clients' timeout: the paradox's 2 s (4 service times) times the
+        scale."""
         return E1_TIMEOUT * self.scale
 
     @property
     def deadline_target_s(self) -> float:
-        """``--protect deadline``'s response-time target: E1's 1.8 s times the scale."""
+        """``--protect deadline``'s response-time target: the paradox's 1.8 s times the
+        scale."""
         return DEFAULT_DEADLINE_TARGET * self.scale
 
     @property
@@ -133,7 +138,8 @@ class LiveStep:
     drain_s: float = 0.0
 
     def summary(self, capacity_rps: float) -> dict[str, Any]:
-        """The figures of E1's table, as a JSON-ready dict (times in seconds)."""
+        """The figures of the throughput paradox's table, as a JSON-ready dict (times in
+        seconds)."""
         result = self.result
         success = result.latency("success")
         rejected = result.latency("rejected")
@@ -310,7 +316,8 @@ def run_live(
     on_step: Callable[[LiveStep], None] | None = None,
     on_start: Callable[[str, int], None] | None = None,
 ) -> list[LiveStep]:
-    """Run E1 live as ``config`` says and return every step, protections in order.
+    """Run the throughput paradox live as ``config`` says and return every step,
+    protections in order.
 
     Servers run one at a time under load (the machine's cores are shared), each driven at
     every client count in increasing order and stopped after its last step (so no
@@ -349,7 +356,7 @@ def run_live(
 def results_json(config: LiveConfig, steps: Sequence[LiveStep]) -> dict[str, Any]:
     """The run as a JSON-ready dict."""
     return {
-        "experiment": "E1 live (throughput paradox)",
+        "experiment": "throughput paradox, live",
         "scale": config.scale,
         "service_time_s": config.service_time_s,
         "timeout_s": config.timeout_s,
@@ -406,7 +413,7 @@ def table_rows(
 def table_title(config: LiveConfig) -> str:
     """The demo's table title: the scale, the service and its capacity."""
     return (
-        f"Throughput paradox, live (E1 at {config.scale:g}x time): {config.workers} worker, "
+        f"Throughput paradox, live at {config.scale:g}x time: {config.workers} worker, "
         f"{config.service_time_s * 1e3:g} ms per request, client timeout "
         f"{config.timeout_s * 1e3:g} ms, capacity {config.capacity_rps:g} req/s; times in ms"
     )
@@ -485,8 +492,9 @@ def write_step_charts(config: LiveConfig, steps: Sequence[LiveStep], out_dir: Pa
     for protect in config.protect:
         sweep = [SweepStep(load=s.clients, result=s.result) for s in steps if s.protect == protect]
         title = (
-            f"E1 live, --protect {protect}: {config.service_time_s * 1e3:g} ms per request, "
-            f"timeout {config.timeout_s * 1e3:g} ms, capacity {config.capacity_rps:g} req/s"
+            f"Throughput paradox live, --protect {protect}: "
+            f"{config.service_time_s * 1e3:g} ms per request, timeout "
+            f"{config.timeout_s * 1e3:g} ms, capacity {config.capacity_rps:g} req/s"
         )
         safe = protect.replace(":", "-")
         written.extend(write_charts(sweep, "clients", out_dir / f"demo-{safe}.png", title))

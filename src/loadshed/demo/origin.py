@@ -1,4 +1,5 @@
-"""E2's origin: ``workers`` slots, a bounded queue, and a work time that can change live.
+"""The capacity-change experiment's origin (docs/design.md): ``workers`` slots, a bounded
+queue, and a work time that can change live.
 
 ``GET /work`` takes one of ``workers`` slots, holds it for the current work time (an asyncio
 sleep, not CPU, so 7 workers fit on 2 cores) and answers 200. When every slot is busy the
@@ -6,12 +7,14 @@ request waits in a FIFO of at most ``queue`` requests; past that it gets 503 at 
 whose client went away keeps its slot for the whole work time, like a server that does not
 notice disconnects: that wasted work is what load shedding in front of it avoids.
 
-The work time is constant by default (E2). ``service_dist`` makes it vary per request around
-the same mean: ``exponential``, or ``lognormal`` with log-space spread ``sigma``, drawn from
-``random.Random(seed)`` so a run repeats; capacity stays ``workers / service_time``.
+The work time is constant by default (as in the capacity change). ``service_dist`` makes it
+vary per request around the same mean: ``exponential``, or ``lognormal`` with log-space spread
+``sigma``, drawn from ``random.Random(seed)`` so a run repeats; capacity stays
+``workers / service_time``.
 
 ``PUT /admin/work-time`` with ``{"seconds": 2.0}`` changes the (mean) work time of requests that
-start work from then on (E2 halves capacity this way). ``GET /admin/stats`` reports the state.
+start work from then on (the capacity-change experiment halves capacity this way).
+``GET /admin/stats`` reports the state.
 """
 
 from __future__ import annotations
@@ -44,14 +47,14 @@ __all__ = [
 ]
 
 DEFAULT_WORKERS = 7
-"""E2's origin slots."""
+"""The capacity-change experiment's origin slots."""
 DEFAULT_SERVICE_TIME = 1.0
-"""E2's initial work time, seconds (later 2.0)."""
+"""The capacity-change experiment's initial work time, seconds (later 2.0)."""
 DEFAULT_QUEUE = 100
-"""E2's origin queue bound."""
+"""The capacity-change experiment's origin queue bound."""
 SERVICE_DISTRIBUTIONS: tuple[str, ...] = DISTRIBUTIONS
-"""Work-time distributions: ``constant`` (E2), ``exponential``, ``lognormal``; all have mean
-``service_time``."""
+"""Work-time distributions: ``constant`` (the capacity change's), ``exponential``,
+``lognormal``; all have mean ``service_time``."""
 DEFAULT_SIGMA = 0.5
 """Log-space spread of the ``lognormal`` work time (the simulator's default)."""
 MAX_WORK_TIME = 3600.0

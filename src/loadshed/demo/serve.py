@@ -9,11 +9,12 @@
 count, ``--workers``: 1 for hashburn and digits unless given, 7 for origin):
 
 - ``none``: nothing; the bare app (no ``/metrics``).
-- ``queue``: E1's first published scheme, a semaphore-bounded queue: ``fixed:W`` in flight plus
-  at most ``W`` waiting (``max_queue=W``), waiting as long as it takes (no queue timeout, no
-  learned patience); any request beyond that gets 503 at once. For E1 (W = 1) that is the
+- ``queue``: the throughput paradox's first published scheme (docs/design.md), a
+  semaphore-bounded queue: ``fixed:W`` in flight plus at most ``W`` waiting
+  (``max_queue=W``), waiting as long as it takes (no queue timeout, no learned patience); any
+  request beyond that gets 503 at once. For the paradox's one worker (W = 1) that is the
   published "limit 2": one running, one waiting.
-- ``deadline``: E1's second scheme, a response-time limiter: ``fixed:W`` in flight, a queue
+- ``deadline``: the paradox's second scheme, a response-time limiter: ``fixed:W`` in flight, a queue
   without a count bound, and every request given a deadline of ``--deadline-target`` seconds
   (default 1.8, for 2 s clients) through ``LoadShedMiddleware(default_timeout=...)``. A request
   is admitted to the queue only while its estimated response time (queued ahead / W x the
@@ -64,8 +65,8 @@ PROTECT_SCHEMES: tuple[str, ...] = ("none", "queue", "deadline")
 LIMIT_NAMES = "little|aimd|vegas|gradient2|gradient|fixed:N"
 PROTECT_ALLOWED = f"none|queue|deadline|{LIMIT_NAMES}"
 DEFAULT_DEADLINE_TARGET = 1.8
-"""E1's response-time target, seconds (its clients gave up after 2 s)."""
-# E1's schemes wait as long as it takes once queued (a semaphore has no timeout).
+"""The throughput paradox's response-time target, seconds (its clients gave up after 2 s)."""
+# The paradox's published schemes wait as long as it takes once queued (a semaphore has no timeout).
 _NO_QUEUE_TIMEOUT = 3600.0
 _UNBOUNDED_QUEUE = 100_000
 
@@ -306,9 +307,9 @@ def serve_demo(
 ) -> None:
     """Run a demo service (hashburn, digits, origin) under uvicorn, bare or protected.
 
-    --protect queue is E1's bounded queue (fixed:W plus W waiting), deadline its response-time
-    limiter (admit while the estimated response time is under --deadline-target), any other
-    value a loadshed limit. Metrics at /metrics when protected.
+    --protect queue is the throughput paradox's bounded queue (fixed:W plus W waiting),
+    deadline its response-time limiter (admit while the estimated response time is under
+    --deadline-target), any other value a loadshed limit. Metrics at /metrics when protected.
     """
     try:
         grace = check_grace(grace)

@@ -1,5 +1,6 @@
 """Sweep charts: throughput and goodput against load on the left axis, p50 and p99 of
-successes on the right (as in E1's published plots). A PNG (matplotlib, Agg) and a
+successes on the right (as in the throughput paradox's published plots,
+docs/design.md). A PNG (matplotlib, Agg) and a
 self-contained HTML page with the same chart inline as SVG plus the table of steps."""
 
 from __future__ import annotations

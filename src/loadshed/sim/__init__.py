@@ -7,8 +7,8 @@ load balancer. Nothing sleeps, so a minute of traffic through 1000 replicas runs
 seconds of wall time and every run with the same seed gives the same result.
 
 Modules: ``engine`` (event heap), ``arrivals``, ``service``, ``origin``, ``clients``,
-``server`` (a replica), ``fleet`` (balancers), ``metrics``, ``scenarios`` (E1, E2,
-fleet), ``cli`` and ``plan``.
+``server`` (a replica), ``fleet`` (balancers), ``metrics``, ``scenarios``
+(``paradox``, ``capacity-change``, ``fleet``), ``cli`` and ``plan``.
 """
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ def simulate() -> None:
 @click.option("--duration", type=DURATION, default="30s", show_default=True, help="Per step.")
 @config_errors
 def paradox(**options: Any) -> None:
-    """E1, the throughput paradox: closed-loop clients against one worker.
+    """The throughput paradox: closed-loop clients against one worker.
 
     Unprotected, goodput collapses once the queue outgrows the client timeout;
     a limiter holds it at capacity.
@@ -317,7 +317,8 @@ def paradox(**options: Any) -> None:
 @click.option("--duration", type=DURATION, default="120s", show_default=True)
 @config_errors
 def capacity_change(**options: Any) -> None:
-    """E2: a steady rate while the model slows down mid-run (capacity 7 -> 3.5 req/s)."""
+    """A capacity change: a steady rate while the model slows down mid-run (capacity 7 ->
+    3.5 req/s)."""
     as_json = options.pop("as_json")
     limiter = _limiter(options)
     change_to = options["change_to"]
@@ -402,7 +403,8 @@ def fleet(**options: Any) -> None:
 
 
 DEMO_SCALE = 0.1
-"""The demo runs E1 ten times faster: service time, timeout and duration x 0.1."""
+"""The demo runs the throughput paradox ten times faster: service time, timeout and
+duration x 0.1."""
 
 
 @click.command()
@@ -427,7 +429,7 @@ def demo(seed: int, as_json: bool) -> None:
     none, little = results["none"], results["little"]
     table = Table(
         title=(
-            "Throughput paradox (E1 of docs/design.md, simulated at 1/10 time scale): 1 worker, "
+            "Throughput paradox (docs/design.md, simulated at 1/10 time scale): 1 worker, "
             f"{0.5 * DEMO_SCALE * 1000:g} ms per request, client timeout "
             f"{2.0 * DEMO_SCALE * 1000:g} ms, capacity {none['capacity_rps']:g} req/s"
         )

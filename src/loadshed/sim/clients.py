@@ -208,7 +208,8 @@ class OpenLoop(_Client):
 
 
 class SemiOpen(_Client):
-    """A ticker at ``arrivals`` feeding ``workers`` client workers (E2's Go client).
+    """A ticker at ``arrivals`` feeding ``workers`` client workers (the Go client of
+    the capacity-change experiment, docs/design.md).
 
     A tick finds an idle worker and sends at once; when every worker is busy, one
     tick waits (like a ``time.Ticker`` channel, which holds one) and later ticks are

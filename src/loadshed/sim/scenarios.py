@@ -1,5 +1,6 @@
-"""The reference experiments in virtual time (docs/design.md): the throughput paradox (E1),
-a capacity change (E2), and a fleet of replicas some of which slow down.
+"""The reference experiments in virtual time (docs/design.md): the throughput paradox
+(``paradox``), a capacity change (``capacity-change``), and a fleet of replicas some of
+which slow down (``fleet``).
 
 Each ``run_*`` function builds the simulation from plain settings, runs it and
 returns a JSON-ready dict; the same seed gives the same dict. The fleet's settings are
@@ -181,7 +182,8 @@ def run_paradox(
     origin_queue: int | None = None,
     seed: int = 1,
 ) -> dict[str, Any]:
-    """E1: closed-loop clients against one replica; one fresh run per client count.
+    """The throughput paradox: closed-loop clients against one replica; one fresh run
+    per client count.
 
     The goodput ratio is goodput / capacity (workers / mean service time).
     """
@@ -265,13 +267,15 @@ def run_capacity_change(
     duration: float = 120.0,
     seed: int = 1,
 ) -> dict[str, Any]:
-    """E2: a steady rate against one replica whose service time changes mid-run.
+    """A capacity change: a steady rate against one replica whose service time changes
+    mid-run.
 
     ``workers_to`` also changes the worker count at the same moment (workers lost or
     added: the case where a hand-set limit is wrong); ``change_to`` equal to
     ``service_time`` keeps the service time. ``client_workers`` caps outstanding
-    requests like E2's Go client (0: pure open loop). Steps are the phase before the
-    change and the phase after it; goodput ratio is goodput / min(capacity, rate);
+    requests like the capacity-change experiment's Go client (0: pure open loop). Steps
+    are the phase before the change and the phase after it; goodput ratio is goodput /
+    min(capacity, rate);
     ``converge_s`` is the time from the change until the limit stays within ±10 %
     (at least ±1) of where it ends up.
     """

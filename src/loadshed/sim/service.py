@@ -44,7 +44,8 @@ class ServiceTime:
 
 
 class ConstantTime(ServiceTime):
-    """Every request takes exactly ``mean`` seconds (E1's and E2's CPU-bound work)."""
+    """Every request takes exactly ``mean`` seconds (the CPU-bound work of the
+    throughput paradox and the capacity change)."""
 
     __slots__ = ()
 
