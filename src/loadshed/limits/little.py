@@ -1,102 +1,22 @@
 """``Little``: loadshed's default limit for model endpoints.
 
 By Little's law, the concurrency that keeps every worker busy with no queue is the
-delivery rate times the latency without queueing: the bandwidth-delay product, as
-BBR computes it for TCP. ``Little`` measures both and sets
+delivery rate times the latency without queueing (the bandwidth-delay product, as BBR
+computes it for TCP). ``Little`` measures both per request and sets
 
     limit = max_delivery_rate x min_latency
 
-Delivery rate, per request as BBR does per packet: the completions during the
-request's life (itself included) divided by its latency. It cannot exceed the
-capacity however many requests were admitted, because a request that waited for a
-worker also saw the others complete. Latency: the fastest request of a round.
+over rounds of about half a limit's worth of completions, filtered over the last
+``filter_rounds`` rounds. A state machine moves the limit: ``startup`` doubles it while
+the rate grows, ``cruise`` follows the estimate, ``probe`` adds slots to look for more
+capacity, ``drain`` removes some to empty any queue and tell a queue from a slower
+model. Guards bring it down when it runs over the estimate or most admitted requests
+are dropped. When service times vary widely, means replace minima: the unqueued mean
+latency from a fit of latency against in-flight level (``loadshed.limits.knee``) and a
+rate pooled over windows of rounds.
 
-Rounds: a round ends once half the limit's worth of requests admitted during it
-have completed (and ``min_round`` has passed), so that its figures show the effect
-of the limit it ran with. The maximum rate and the minimum latency are filtered
-over the last ``filter_rounds`` rounds, so that both forget an old regime together.
-A round *measures* capacity only when demand exceeded the limit (a request was
-admitted at the limit, or requests were waiting) or requests queued behind the
-limiter's back (latency 1.5x the minimum). Other rounds are app-limited: they carry
-the current rate forward, so quiet periods neither shrink the limit nor probe.
-
-States:
-- ``startup``: the limit doubles each measuring round while the rate grows by 25 %;
-  it ends after 3 rounds without growth (app-limited ones count once something was
-  measured: demand has levelled off), on a queue or on drops, through a drain;
-- ``cruise``: limit = estimate; probe after ``cycle_rounds`` measuring rounds; a
-  round whose latency jumped (a queue, or a slower service) drains at once;
-- ``probe``: estimate + step for one round; if the rate rose by at least half of
-  what the extra slots should give, probe again with twice the step (capacity is
-  found in logarithmic time), else drain and wait twice as long before the next
-  probe (up to 8 cycles), so that a server at capacity is seldom made to queue;
-- ``drain``: ``drain_gain`` x estimate (at least one slot fewer) for one round, to
-  empty any queue and refresh the minimum latency. If the drain did not lower the
-  latency, the service itself got slower: the faster past leaves the filters and
-  the concurrency is kept (same workers, slower). If the drain kept the rate, the
-  slots it removed were idle: the estimate was high, and the drained limit becomes
-  a ceiling until a probe succeeds.
-
-Guards: a request whose latency exceeds twice the minimum while the limit is more
-than one slot over the estimate brings the limit down at once (an initial guess or a
-stale estimate that is too high); a round where most requests were dropped backs
-the limit off by ``backoff`` (and at once to the estimate when there is one),
-whatever the estimates say, since a latency that includes a queue the limit made
-would ratify it; when some of that round still succeeded, the backed-off limit is a
-ceiling until a probe succeeds. Only drops of requests admitted under a limit no
-higher than the current one count (drops of requests admitted earlier under a
-higher limit are old news, and a limit cannot climb while every request ends at the
-same timeout); a round with drops never probes.
-
-Variable service: the minimum latency assumes service times that vary little (a
-model on fixed-size inputs). When they vary (exponential, log-normal), the fastest
-request is far below the mean, a short request's own delivery rate is far above
-the capacity, and rate x minimum latency undercounts the workers. Little's law
-holds for means, so ``Little`` measures the spread and switches:
-- spread: successive differences of the latencies of requests admitted at the same
-  in-flight level, at levels up to the estimate and up to the fitted knee (below),
-  over 20 rounds. A queue differs between levels and a step change (a slower
-  model) adds one term, so neither reads as variation. A coefficient of variation
-  above 0.15 (after 4 differences) turns means on, below 0.07 off; constant service
-  (spread 0) stays on minima;
-- latency: the mean service time without a queue, from a least-squares fit of
-  ``R(k) = S x max(1, k / W)`` to the mean latency of every in-flight level at once
-  (``loadshed.limits.knee``; a knee is kept only when it beats a flat line by 3
-  standard errors). Per level, a moving mean over its last 256 requests, and all
-  levels together weigh at most 2048 (a level no longer visited fades). A walk up
-  from the lowest level let the queue's rise of S / W per level (3 % on 32
-  workers, inside the noise) join the mean level after level: the limit ran 20 to
-  30 % above the workers. The fitted knee (when there is one) is also a floor
-  for the cruise limit: the levels up to it showed no queue;
-- rate: completions seen over latency, pooled over windows of whole rounds until a
-  window holds (cv / 5 %)^2 requests, or enough for half a slot of the estimate if
-  that is fewer (8 to 1024; 8 in start-up), maximum over the last 3 windows' worth
-  of requests (at least 80); the cruise limit rounds the estimate up (a slot too
-  few idles a worker). A maximum over rounds of 8 to 16 requests read exponential
-  service some 25 % high, and rounds of one request (a limit of 1 or 2 on minima)
-  put a rate of many times the capacity into it. Before any rate is known,
-  app-limited rounds fill the first window (a replica at 80 % load may never
-  saturate); after, they only carry the maximum forward;
-- start-up again (rounds of 4 completions; once 32 requests back the mean, a
-  stalled rate doubles anyway; a queue ends it, drops alone do not: without a
-  queue at the origin they are requests that waited for a slot past their
-  client's patience, which more slots would serve sooner); a round queued when its
-  mean is 25 % and 3 standard errors (of the round's mean and the baseline's) above
-  the unqueued mean (once 32 requests back it);
-- a drain still at twice the mean means a slower service, but a drain after
-  start-up or a probe first runs one more round: it still sees the queue of the
-  overshoot (a probe doubled to 46 slots on 16 workers, and that queue reset the
-  estimate to 7);
-- no per-request cut (one slow request is the tail), no ceiling from a noisy
-  rate, a failed probe does not space probes out, drops count as overload only
-  above 10 % of a round (the slowest requests time out at any limit), and a drop
-  that held its slot at least half the mean latency (served late) counts in the
-  means, which would otherwise keep only the requests short enough to beat the
-  timeout.
-Means need more samples than minima: the limit settles in seconds at 100 ms per
-request rather than in a few rounds, and it runs a slot or a few above the workers
-(the knee is not sharper than the noise). A single worker at 0.5 s per request
-gives too few samples in 30 s: minima (limit 1) happened to suit it better.
+Every rule and default, with the reason for each: docs/limits.md, "``little``,
+loadshed's default".
 """
 
 from __future__ import annotations
@@ -151,7 +71,7 @@ class _State(enum.Enum):
 
 
 class Little(LimitAlgorithm):
-    """Limit = max delivery rate x min latency, probed and drained (see the module).
+    """Limit = max delivery rate x min latency, probed and drained (docs/limits.md).
 
     Defaults suit model endpoints (1 to 64 workers, 10 ms to seconds per call):
     ``initial_limit`` 2 (start-up doubles it each round while the rate grows, so 64
