@@ -27,11 +27,27 @@ def modules() -> dict[str, Path]:
     return found
 
 
+def _parse(source: str) -> ast.Module:
+    """``ast.parse``, tried again if another thread parsed at the same time.
+
+    CPython 3.11 before 3.11.8 keeps the AST constructor's recursion depth in shared
+    state: a traceback formatted in a server thread of an earlier test (which parses
+    source lines) can make a parse here fail with ``SystemError: AST constructor
+    recursion depth mismatch`` (python/cpython#106905).
+    """
+    for _ in range(4):
+        try:
+            return ast.parse(source)
+        except SystemError:
+            continue
+    return ast.parse(source)
+
+
 def imported_names(name: str, path: Path) -> Iterator[str]:
     """The dotted names that module ``name`` imports (``from a import b`` gives ``a.b``:
     the submodule when there is one, else ``a`` once resolved below)."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(_parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             yield from (alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

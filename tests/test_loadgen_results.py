@@ -136,6 +136,12 @@ def test_summary_matches_hdrh_statistics(values: list[float], figures: int) -> N
         assert summary[name] == raw.get_value_at_percentile(percent) / 1e6
     assert summary["mean"] == pytest.approx(raw.get_mean_value() / 1e6, rel=1e-9)
     assert summary["stdev"] == pytest.approx(raw.get_stddev() / 1e6, rel=1e-6, abs=1e-9)
+    # The cheaper read of a few percentiles agrees with the summary.
+    assert hist.percentiles([50.0, 90.0, 99.9]) == {
+        50.0: summary["p50"],
+        90.0: summary["p90"],
+        99.9: summary["p999"],
+    }
 
 
 def test_histogram_clamps_to_its_range_and_resets() -> None:
@@ -148,6 +154,7 @@ def test_histogram_clamps_to_its_range_and_resets() -> None:
     hist.record(0.5)
     hist.reset()
     assert hist.count == 0 and hist.summary()["max"] == 0.0
+    assert hist.percentiles([50.0]) == {}
     hist.record(0.25)
     assert hist.summary()["p50"] == pytest.approx(0.25, rel=1e-2)
 

@@ -96,6 +96,17 @@ class LatencyHistogram:
             return 0.0
         return float(self._hist.get_value_at_percentile(percent)) / 1e6
 
+    def percentiles(self, percents: list[float]) -> dict[float, float]:
+        """The values at several percentiles at once, in seconds (``{}`` when empty).
+
+        One pass that stops at the highest percentile asked for: about a tenth of
+        :meth:`summary`'s cost, for readers that poll (a runner's ``stats()``).
+        """
+        if self.count == 0:
+            return {}
+        values = self._hist.get_percentile_to_value_dict(percents)
+        return {percent: float(value) / 1e6 for percent, value in values.items()}
+
     def summary(self) -> dict[str, float | int]:
         """``{count, p50, p75, p90, p99, p999, max, mean, stdev}``, durations in seconds.
 

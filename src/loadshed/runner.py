@@ -810,12 +810,13 @@ class ModelRunner(Generic[R]):
         """
         busy = self.busy
         idle = self.idle
-        summary = self._service_hist.summary()
-        count = int(summary["count"])
+        hist = self._service_hist
+        count = hist.count
+        percentiles = hist.percentiles([50.0, 90.0, 99.0]) if count else {}
 
-        def seconds(percentile: str) -> float:
+        def seconds(percentile: float) -> float:
             # HDR reports a bucket's upper edge; no percentile exceeds the exact maximum.
-            return min(float(summary[percentile]), self._service_max) if count else 0.0
+            return min(percentiles[percentile], self._service_max) if count else 0.0
 
         return RunnerStats(
             workers=self._workers_wanted,
@@ -833,9 +834,9 @@ class ModelRunner(Generic[R]):
             restarts=self._restarts,
             service_count=count,
             service_mean=self._service_total / count if count else 0.0,
-            service_p50=seconds("p50"),
-            service_p90=seconds("p90"),
-            service_p99=seconds("p99"),
+            service_p50=seconds(50.0),
+            service_p90=seconds(90.0),
+            service_p99=seconds(99.0),
             service_max=self._service_max,
         )
 
