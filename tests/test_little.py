@@ -215,6 +215,32 @@ def test_requests_served_after_their_deadline_still_measure_the_service() -> Non
     assert after["goodput_ratio"] >= 0.75
 
 
+def closed_loop_share(
+    *,
+    clients: int,
+    workers: int,
+    service: ServiceConfig,
+    timeout: float,
+    deadlines: bool,
+    duration: float,
+) -> float:
+    """Goodput over capacity of ``little`` behind ``clients`` closed-loop clients and an
+    unbounded origin queue (the robustness matrix's closed-loop setup), seed 1."""
+    result = run_paradox(
+        limiter=LimiterConfig("little"),
+        clients=(clients,),
+        workers=workers,
+        service=service,
+        timeout=timeout,
+        send_deadline=deadlines,
+        duration=duration,
+        origin_queue=None,
+        seed=1,
+    )
+    share: float = result["steps"][0]["goodput_ratio"]
+    return share
+
+
 def open_loop_share(
     *,
     workers: int,
@@ -281,18 +307,15 @@ def test_constant_service_behind_a_queue_does_not_turn_means_on() -> None:
     # and the latencies of the queued levels 9 and 10 read as spread (means on, 0.91
     # of capacity). The spread now counts only levels up to the fitted knee
     # (without that: 0.78).
-    result = run_paradox(
-        limiter=LimiterConfig("little"),
-        clients=(32,),
+    share = closed_loop_share(
+        clients=32,
         workers=8,
         service=ServiceConfig(0.05),
         timeout=0.25,
-        send_deadline=False,
+        deadlines=False,
         duration=15.0,
-        origin_queue=None,
-        seed=1,
     )
-    assert result["steps"][0]["goodput_ratio"] >= 0.94
+    assert share >= 0.94
 
 
 def test_fit_knee_finds_where_latency_starts_to_rise() -> None:
@@ -337,18 +360,15 @@ def test_drops_without_a_queue_do_not_end_start_up() -> None:
     # times: requests that waited for a slot past their deadline are dropped at any
     # limit, and with variable service those drops ended start-up at 2 slots (0.68
     # of capacity). Only a queue at the origin ends it now.
-    result = run_paradox(
-        limiter=LimiterConfig("little"),
-        clients=(38,),
+    share = closed_loop_share(
+        clients=38,
         workers=32,
         service=ServiceConfig(0.05, dist="exponential"),
         timeout=0.1,
-        send_deadline=True,
+        deadlines=True,
         duration=15.0,
-        origin_queue=None,
-        seed=1,
     )
-    assert result["steps"][0]["goodput_ratio"] >= 0.71
+    assert share >= 0.71
 
 
 def test_a_probe_overshoot_is_not_taken_for_a_slower_service() -> None:
@@ -374,15 +394,12 @@ def test_the_fitted_knee_is_a_floor_for_the_limit() -> None:
     # spreads the latencies): the rate estimate, pooled for precision, lags below
     # the workers (0.84 of capacity); the knee of latency against in-flight shows
     # that 16 levels ran without a queue, and the limit stays at least there.
-    result = run_paradox(
-        limiter=LimiterConfig("little"),
-        clients=(32,),
+    share = closed_loop_share(
+        clients=32,
         workers=16,
         service=ServiceConfig(0.1),
         timeout=0.5,
-        send_deadline=False,
+        deadlines=False,
         duration=30.0,
-        origin_queue=None,
-        seed=1,
     )
-    assert result["steps"][0]["goodput_ratio"] >= 0.90
+    assert share >= 0.90

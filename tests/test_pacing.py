@@ -65,6 +65,13 @@ def test_bad_settings_are_config_errors_naming_the_field(field: str, value: Any)
         RefusalPacing(**{field: value})
 
 
+def test_a_rate_of_zero_turns_pacing_off() -> None:
+    assert RefusalPacing.at_rate(0) is None
+    assert RefusalPacing.at_rate(40.0, max_hold=0.2) == RefusalPacing(rate=40.0, max_hold=0.2)
+    with pytest.raises(ConfigError, match="refusal_pacing.rate"):
+        RefusalPacing.at_rate(-1.0)
+
+
 def test_the_middleware_refuses_a_pacing_that_is_not_a_setting() -> None:
     with pytest.raises(ConfigError, match="refusal_pacing"):
         LoadShedMiddleware(_blocked_app, refusal_pacing=100)  # type: ignore[arg-type]

@@ -196,8 +196,9 @@ class Admission:
             the adaptive bound (:class:`~loadshed.waitbound.AdaptiveWaitBound`): one
             estimated service time at first, growing while queued requests succeed
             and no client gives up (up to ``adaptive_wait_ceiling`` of response
-            time), cut at once to half the wait of a client that gave up and to half
-            the learned patience. With ``fifo``, a request that finds enough work
+            time), cut at once when a client gives up (to half its wait, or that wait
+            less two mean service times if shorter; the same of the learned patience).
+            With ``fifo``, a request that finds enough work
             ahead of it to fill this wait (queued ahead / limit x mean service time
             >= the bound) is refused at once (``limit``) rather than queued to time
             out.

@@ -13,8 +13,9 @@ from typing import Any
 import click
 
 from loadshed.errors import ConfigError
+from loadshed.pacing import DEFAULT_REFUSAL_PACING
 
-__all__ = ["OneLineCommand", "OneLineGroup"]
+__all__ = ["OneLineCommand", "OneLineGroup", "refusal_rate_option"]
 
 
 class _OneLineErrors:
@@ -49,3 +50,15 @@ class OneLineCommand(_OneLineErrors, click.Command):
 
 class OneLineGroup(_OneLineErrors, click.Group):
     """A click group whose (and whose subcommands') usage errors print as one line."""
+
+
+refusal_rate_option = click.option(
+    "--refusal-rate",
+    type=float,
+    default=DEFAULT_REFUSAL_PACING.rate,
+    show_default=True,
+    help="Refusals per second answered at once; beyond it each 503 is held for a "
+    "bounded time (at most the expected wait and 1 s by default), so clients that "
+    "retry at once cost bounded CPU (0: never hold).",
+)
+"""``--refusal-rate`` (:mod:`loadshed.pacing`), shared by ``serve-demo`` and ``proxy``."""

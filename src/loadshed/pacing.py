@@ -51,6 +51,14 @@ class RefusalPacing:
         check_number("refusal_pacing.max_hold", self.max_hold, minimum=0, unit="seconds")
         check_int("refusal_pacing.max_held", self.max_held, minimum=0)
 
+    @classmethod
+    def at_rate(cls, rate: float, *, max_hold: float = 1.0) -> RefusalPacing | None:
+        """Pacing at ``rate`` refusals per second, or None (off) for a rate of 0, as the
+        command line's ``--refusal-rate`` reads."""
+        if rate == 0:
+            return None
+        return cls(rate=rate, max_hold=max_hold)
+
 
 DEFAULT_REFUSAL_PACING = RefusalPacing()
 """The middleware's default: 500 refusals per second unheld, holds of at most 1 s."""

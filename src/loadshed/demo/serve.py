@@ -44,6 +44,7 @@ from typing import Any, cast
 
 import click
 
+from loadshed.clickutil import refusal_rate_option
 from loadshed.demo import DEMO_MODELS
 from loadshed.errors import ConfigError
 from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacing
@@ -102,7 +103,7 @@ def protect_app(
 
     if not (math.isfinite(refusal_rate) and refusal_rate >= 0):
         raise ConfigError("--refusal-rate", f"must be a number >= 0, got {refusal_rate!r}")
-    pacing = None if refusal_rate == 0 else RefusalPacing(rate=refusal_rate)
+    pacing = RefusalPacing.at_rate(refusal_rate)
 
     protect = validate_protect(protect)
     if protect == "none":
@@ -268,14 +269,7 @@ def _bounded_heads() -> type[Any]:
     show_default=True,
     help="Response-time target of --protect deadline, seconds.",
 )
-@click.option(
-    "--refusal-rate",
-    type=float,
-    default=DEFAULT_REFUSAL_PACING.rate,
-    show_default=True,
-    help="Refusals per second answered at once; beyond it each 503 is held (at most the "
-    "expected wait, 1 s) so clients that retry at once cost bounded CPU (0: never hold).",
-)
+@refusal_rate_option
 @click.option(
     "--grace",
     type=DURATION,

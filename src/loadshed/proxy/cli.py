@@ -27,7 +27,7 @@ import uvicorn
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from loadshed.clickutil import OneLineCommand
+from loadshed.clickutil import OneLineCommand, refusal_rate_option
 from loadshed.pacing import DEFAULT_REFUSAL_PACING
 from loadshed.proxy.app import ProxyApp, create_proxy
 from loadshed.proxy.config import ProxyConfig, parse_listen, parse_upstream
@@ -180,14 +180,7 @@ def _to_config(**values: Any) -> ProxyConfig:
     help="Without --max-queue-wait: longest response time (queue wait + service) the "
     "adaptive wait bound grows to while clients are patient (0: one service time).",
 )
-@click.option(
-    "--refusal-rate",
-    type=float,
-    default=DEFAULT_REFUSAL_PACING.rate,
-    show_default=True,
-    help="Refusals per second answered at once; beyond it each 503 is held (bounded) "
-    "so clients that retry at once cost bounded CPU (0: never hold).",
-)
+@refusal_rate_option
 @click.option(
     "--max-refusal-hold",
     type=DURATION,

@@ -203,6 +203,4 @@ class ProxyConfig:
     @property
     def refusal_pacing(self) -> RefusalPacing | None:
         """The refusal pacing these settings ask for (None: off)."""
-        if self.refusal_rate == 0:
-            return None
-        return RefusalPacing(rate=self.refusal_rate, max_hold=self.max_refusal_hold)
+        return RefusalPacing.at_rate(self.refusal_rate, max_hold=self.max_refusal_hold)
