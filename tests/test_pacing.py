@@ -68,7 +68,7 @@ def test_bad_settings_are_config_errors_naming_the_field(field: str, value: Any)
 def test_a_rate_of_zero_turns_pacing_off() -> None:
     assert RefusalPacing.at_rate(0) is None
     assert RefusalPacing.at_rate(40.0, max_hold=0.2) == RefusalPacing(rate=40.0, max_hold=0.2)
-    with pytest.raises(ConfigError, match="refusal_pacing.rate"):
+    with pytest.raises(ConfigError, match=r"refusal_pacing\.rate"):
         RefusalPacing.at_rate(-1.0)
 
 
