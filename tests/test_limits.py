@@ -617,3 +617,26 @@ def test_windowed_gradient2_sees_window_averages() -> None:
         windowed.update(Sample(rtt=0.1, inflight=10, dropped=False, now=now))
     assert inner.long_rtt == pytest.approx(0.1)
     assert windowed.limit == inner.limit > 10
+
+
+def test_windowed_close_on_drop_backs_off_once_per_round_trip() -> None:
+    windowed = Windowed(
+        AIMD(initial_limit=8, backoff_ratio=0.5), window=1.0, min_samples=10, close_on_drop=True
+    )
+    # the first refusal closes its window at once: no need to wait for 10 samples
+    windowed.update(Sample(rtt=0.01, inflight=8, dropped=False, now=1.00))
+    assert windowed.update(Sample(rtt=0.01, inflight=8, dropped=True, now=1.01)) == 4
+    # refusals of calls admitted before that back-off saw the old limit: ignored
+    for i in range(20):
+        windowed.update(Sample(rtt=0.05, inflight=8, dropped=True, now=1.02 + i * 0.001))
+    assert windowed.limit == 4
+    # a call admitted after the back-off that is refused again halves once more
+    assert windowed.update(Sample(rtt=0.01, inflight=4, dropped=True, now=1.2)) == 2
+    # without close_on_drop the same refusals wait for a full window
+    plain = Windowed(AIMD(initial_limit=8, backoff_ratio=0.5), window=1.0, min_samples=10)
+    assert plain.update(Sample(rtt=0.01, inflight=8, dropped=True, now=1.01)) == 8
+
+
+def test_windowed_close_on_drop_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="close_on_drop"):
+        Windowed(AIMD(), close_on_drop="yes")  # type: ignore[arg-type]

@@ -204,7 +204,7 @@ def default_client_limit() -> Windowed:
     limit to 1 while calls are waiting. Halving once per window keeps the limit
     above the upstream's slots and is refused about one call in a hundred.
     """
-    return Windowed(AIMD(backoff_ratio=0.5), window=0.01, min_samples=8)
+    return Windowed(AIMD(backoff_ratio=0.5), window=0.01, min_samples=8, close_on_drop=True)
 
 
 class _LimitView(LimitAlgorithm):

@@ -120,6 +120,12 @@ class Windowed(LimitAlgorithm):
     ``min_samples`` samples; the wrapped algorithm then sees one sample with the
     window's average rtt, maximum inflight and whether any sample was dropped.
     Samples shorter than ``min_rtt`` (100 us by default) are ignored as noise.
+
+    With ``close_on_drop`` a drop closes its window at once, so a loss-based rule
+    backs off on the first refusal instead of after a whole window of them; and, as
+    TCP's fast recovery does, only drops of requests admitted after the last such
+    close count, since those admitted before it saw the limit that was just cut
+    (one back-off per round trip, however many refusals it brings back).
     """
 
     name = "windowed"
@@ -131,8 +137,11 @@ class Windowed(LimitAlgorithm):
         window: float = 1.0,
         min_samples: int = 10,
         min_rtt: float = 100e-6,
+        close_on_drop: bool = False,
     ) -> None:
         window = check_number("window", window, minimum=0, min_open=True, unit="seconds")
+        if not isinstance(close_on_drop, bool):
+            raise ConfigError("close_on_drop", f"must be true or false, got {close_on_drop!r}")
         min_samples = check_int("min_samples", min_samples, minimum=1)
         min_rtt = check_number("min_rtt", min_rtt, minimum=0, unit="seconds")
         inner.check()
@@ -142,6 +151,8 @@ class Windowed(LimitAlgorithm):
         self.window = window
         self.min_samples = min_samples
         self.min_rtt = min_rtt
+        self.close_on_drop = close_on_drop
+        self._recovery_point = -math.inf  # admissions before this saw a limit since cut
         self._start: float | None = None
         self._count = 0
         self._rtt_sum = 0.0
@@ -160,8 +171,18 @@ class Windowed(LimitAlgorithm):
         self._count += 1
         self._rtt_sum += sample.rtt
         self._max_inflight = max(self._max_inflight, sample.inflight)
-        self._dropped = self._dropped or sample.dropped
-        if sample.now - self._start >= self.window and self._count >= self.min_samples:
+        if not self.close_on_drop:
+            self._dropped = self._dropped or sample.dropped
+            full = sample.now - self._start >= self.window and self._count >= self.min_samples
+        else:
+            fresh_drop = sample.dropped and sample.now - sample.rtt >= self._recovery_point
+            self._dropped = self._dropped or fresh_drop
+            full = fresh_drop or (
+                sample.now - self._start >= self.window and self._count >= self.min_samples
+            )
+            if fresh_drop:
+                self._recovery_point = sample.now
+        if full:
             aggregate = Sample(
                 rtt=self._rtt_sum / self._count,
                 inflight=self._max_inflight,
