@@ -403,3 +403,30 @@ def test_the_fitted_knee_is_a_floor_for_the_limit() -> None:
         duration=30.0,
     )
     assert share >= 0.90
+
+
+def test_one_very_short_request_does_not_blow_up_the_start_up_estimate() -> None:
+    # 8 exponential workers, no deadlines, open loop at 2x: a 45 us request admitted
+    # before a start-up round ended in it with a delivery rate of 1 / 45 us = 22,000/s;
+    # the rate maximum kept it, the estimate read 671 slots, the limit went to 588
+    # and then 1,000, and the first phase served 0.44 of capacity (mean limit 220).
+    # A round's rate is now held under Little's bound (most in flight / mean latency).
+    result = run_capacity_change(
+        limiter=LimiterConfig("little"),
+        workers=8,
+        workers_to=16,
+        service_time=0.1,
+        change_to=0.1,
+        dist="exponential",
+        rate=160.0,
+        arrivals="poisson",
+        client_workers=0,
+        timeout=0.3,
+        send_deadline=False,
+        origin_queue=None,
+        duration=60.0,
+        seed=6,
+    )
+    before = result["steps"][0]
+    assert before["mean_limit"] <= 16
+    assert before["goodput_ratio"] >= 0.7

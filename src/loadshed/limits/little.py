@@ -40,6 +40,7 @@ _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut n
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
+_RATE_BOUND_SLACK = 2.0  # a round's rate at most this x Little's bound (noise allowed)
 # Widely varying service times (see "Variable service" in the module docstring).
 _VARIABLE_ON = 0.15  # within-level coefficient of variation that turns means on
 _VARIABLE_OFF = 0.07  # ... and below which minima are used again (hysteresis)
@@ -97,6 +98,7 @@ class Little(LimitAlgorithm):
     _round_completed: int  # successes, whenever admitted
     _round_count_sum: float  # completions seen during the round's requests' lives
     _round_rtt_sum: float
+    _round_max_inflight: int  # the most in flight at any counted request's admission
 
     def __init__(
         self,
@@ -258,6 +260,8 @@ class Little(LimitAlgorithm):
             self._round_completed += 1
             self._round_count_sum += count
             self._round_rtt_sum += rtt
+            if sample.inflight > self._round_max_inflight:
+                self._round_max_inflight = sample.inflight
             # Successive differences at one in-flight level measure the spread of
             # service times; a step change (a slower model) adds one term.
             inflight = sample.inflight
@@ -343,6 +347,7 @@ class Little(LimitAlgorithm):
         self._round_completed = 0
         self._round_count_sum = 0.0
         self._round_rtt_sum = 0.0
+        self._round_max_inflight = 0
 
     def _end_round(self, now: float) -> None:
         assert self._round_start is not None
@@ -356,6 +361,15 @@ class Little(LimitAlgorithm):
         pooled_rate = count_sum / rtt_sum if rtt_sum > 0 else 0.0
         completed = self._round_completed
         round_mean = self._round_rtt_sum / completed if completed else math.inf
+        if completed and rtt_sum > 0:
+            # Little's law bounds any rate the round can show: throughput = mean in
+            # flight / mean latency <= most in flight / mean latency. One request's
+            # delivery rate (completions in its life / its latency) can break the
+            # bound by chance: with varying service times a very short request has
+            # a rate of 1 / its latency, and a maximum filter would keep it.
+            bound = _RATE_BOUND_SLACK * self._round_max_inflight * completed / rtt_sum
+            rate = min(rate, bound)
+            own_rate = min(own_rate, bound)
         self._start_round(now)
 
         previous_min = self._latency_min
