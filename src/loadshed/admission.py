@@ -22,8 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol
 
-from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.clock import Clock, reader
+from loadshed.config import AdmissionConfig, Discipline, resolve_config
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
 from loadshed.limits.base import LimitAlgorithm, Sample
@@ -38,7 +38,11 @@ __all__ = [
     "Token",
 ]
 
-DISCIPLINES = ("fifo", "lifo", "codel")
+DISCIPLINES = tuple(d.value for d in Discipline)
+"""The discipline names (:class:`~loadshed.config.Discipline`)."""
+_FIFO: Final = Discipline.FIFO
+_LIFO: Final = Discipline.LIFO
+_CODEL: Final = Discipline.CODEL
 _PRIORITIES = tuple(Priority)  # most critical first
 _DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
 # A request that the service-time estimate says cannot finish is still admitted, as a
@@ -213,6 +217,9 @@ class Admission:
         initial_service_time: guess used for estimates until the first sample.
         learn_patience: use the learned client patience as the deadline of requests
             that carry none.
+        codel_target / codel_interval: CoDel's settings (seconds).
+        config: all of the above as one :class:`~loadshed.config.AdmissionConfig`
+            (then leave the keywords at their defaults).
 
     A request whose own deadline is shorter than the time it would take even with a
     slot free (the shorter of the mean service time and the last success's) is
@@ -231,47 +238,32 @@ class Admission:
         name: str = "default",
         max_queue: int = 1000,
         max_queue_wait: float | None = None,
-        discipline: str = "fifo",
+        discipline: Discipline | str = Discipline.FIFO,
         reserved: Mapping[Priority, float] | None = None,
         initial_service_time: float | None = None,
         learn_patience: bool = True,
         codel_target: float = 0.005,
         codel_interval: float = 0.1,
         adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING,
+        config: AdmissionConfig | None = None,
     ) -> None:
-        max_queue = check_int("max_queue", max_queue, minimum=0)
-        # math.inf is allowed: no wait bound, the deadline alone ends a wait (AdaptiveClient).
-        max_queue_wait = check_optional_number(
-            "max_queue_wait", max_queue_wait, minimum=0, allow_inf=True, unit="seconds"
+        config = resolve_config(
+            config,
+            max_queue=max_queue,
+            max_queue_wait=max_queue_wait,
+            discipline=discipline,
+            reserved=reserved,
+            initial_service_time=initial_service_time,
+            learn_patience=learn_patience,
+            adaptive_wait_ceiling=adaptive_wait_ceiling,
+            codel_target=codel_target,
+            codel_interval=codel_interval,
         )
-        initial_service_time = check_optional_number(
-            "initial_service_time", initial_service_time, minimum=0, unit="seconds"
-        )
-        codel_target = check_number(
-            "codel_target", codel_target, minimum=0, min_open=True, unit="seconds"
-        )
-        codel_interval = check_number(
-            "codel_interval", codel_interval, minimum=0, min_open=True, unit="seconds"
-        )
-        if not isinstance(discipline, str) or discipline not in DISCIPLINES:
-            raise ConfigError("discipline", f"got {discipline!r}, allowed: {'|'.join(DISCIPLINES)}")
         if not isinstance(name, str):
             raise ConfigError("name", f"must be a string, got {type(name).__name__}")
-        if reserved is not None and not isinstance(reserved, Mapping):
-            raise ConfigError(
-                "reserved", f"must be a mapping priority -> share, got {type(reserved).__name__}"
-            )
-        self._reserved: dict[Priority, float] = {}
-        for priority, share in (reserved or {}).items():
-            priority = Priority.parse(priority)
-            try:
-                share = check_number("share", share, minimum=0, maximum=1, max_open=True)
-            except ConfigError as error:
-                reason = str(error).partition(": ")[2]
-                raise ConfigError("reserved", f"share for {priority} {reason}") from None
-            self._reserved[priority] = share
-        if sum(self._reserved.values()) >= 1:
-            raise ConfigError("reserved", "shares must add up to less than 1")
+        self.config = config
+        """The settings, validated (:class:`~loadshed.config.AdmissionConfig`)."""
+        self._reserved: dict[Priority, float] = dict(config.reserved)
 
         if not isinstance(limit, LimitAlgorithm):
             raise ConfigError("limit", f"expected a LimitAlgorithm, got {type(limit).__name__}")
@@ -282,13 +274,13 @@ class Admission:
         self.now = reader(clock)
         """Reads the clock (read on every admission and release; see clock.reader)."""
         self.name = name
-        self.max_queue = max_queue
-        self.max_queue_wait = max_queue_wait
-        self.discipline = discipline
-        self.learn_patience = learn_patience
-        self.service = ServiceTimeEstimator(initial=initial_service_time)
+        self.max_queue = config.max_queue
+        self.max_queue_wait = config.max_queue_wait
+        self.discipline = config.discipline
+        self.learn_patience = config.learn_patience
+        self.service = ServiceTimeEstimator(initial=config.initial_service_time)
         self.patience = PatienceEstimator()
-        self.wait_bound = AdaptiveWaitBound(adaptive_wait_ceiling)
+        self.wait_bound = AdaptiveWaitBound(config.adaptive_wait_ceiling)
         """The queue-wait bound used when ``max_queue_wait`` is None."""
         # The shortest time a request granted now should take: the lower of the mean
         # service time and the last success's, 0 until the first success (so no
@@ -311,9 +303,10 @@ class Admission:
         for reason in RejectReason:
             self._counts[REJECT_COUNT_KEYS[reason]] = 0
 
-        self._codel_target = codel_target
-        self._codel_interval = codel_interval
-        self._codel_interval_end = clock.now() + codel_interval
+        self._codel = config.discipline is _CODEL
+        self._codel_target = config.codel_target
+        self._codel_interval = config.codel_interval
+        self._codel_interval_end = clock.now() + config.codel_interval
         self._codel_min_wait = 0.0
         self._codel_overloaded = False
 
@@ -391,7 +384,7 @@ class Admission:
     ) -> Token | Ticket:
         """Admit now (returns a Token), queue (returns a Ticket) or raise Rejected."""
         now = self.clock.now()
-        if self.discipline == "codel":
+        if self._codel:
             self._codel_tick(now)
         own_deadline = deadline
         deadline = self._effective_deadline(deadline, now)
@@ -423,7 +416,7 @@ class Admission:
         patient = own_deadline is None
         max_wait = self._max_wait(adaptive=patient)
         if (
-            self.discipline == "fifo"
+            self.discipline is _FIFO
             and ahead  # nothing ahead: it may still be granted before max_wait
             and service_mean is not None
             and ahead / slots * service_mean >= max_wait
@@ -521,7 +514,7 @@ class Admission:
         while heap and heap[0][2]._state is not _State.QUEUED:
             heapq.heappop(heap)
         earliest = heap[0][0] if heap else None
-        if self.discipline == "codel" and self._queued:
+        if self._codel and self._queued:
             if self._codel_overloaded:
                 oldest = self._oldest_queued()
                 if oldest is not None:
@@ -534,7 +527,7 @@ class Admission:
     def expire(self) -> None:
         """Evict queued tickets whose wait or deadline ran out (calls their on_reject)."""
         now = self.clock.now()
-        if self.discipline == "codel":
+        if self._codel:
             self._codel_tick(now)
             if self._codel_overloaded:
                 short_wait = self._codel_short_wait()
@@ -692,12 +685,12 @@ class Admission:
                 listener.on_release(outcome, service_s)
         if self._queued:
             self._dispatch(now)
-        elif self.discipline == "codel":
+        elif self._codel:
             self._codel_min_wait = 0.0
 
     def _next_ticket(self) -> Ticket | None:
         """Pop the next live ticket to serve, most critical class first."""
-        lifo = self.discipline == "lifo" or (self.discipline == "codel" and self._codel_overloaded)
+        lifo = self.discipline is _LIFO or (self._codel and self._codel_overloaded)
         for level, queue in enumerate(self._queues):
             while queue:
                 ticket = queue[-1] if lifo else queue[0]
@@ -729,7 +722,7 @@ class Admission:
                 ticket._state = _State.GRANTED
                 self._dequeued(ticket)
                 wait = now - ticket.enqueued_at
-                if self.discipline == "codel":
+                if self._codel:
                     self._codel_min_wait = min(self._codel_min_wait, wait)
                 ticket.on_grant(
                     self._grant(ticket.priority, ticket.deadline, now, ticket.enqueued_at)

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 from loadshed.admission import Token
 from loadshed.asgitypes import ASGIApp, Message, Receive, Scope, Send
 from loadshed.checks import check_int, check_number, check_optional_number
+from loadshed.config import AdmissionConfig
 from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
 from loadshed.errors import (
     REFUSAL_STATUSES,
@@ -106,6 +107,9 @@ class LoadShedMiddleware:
             while queued leaves the queue (``client_gone``); one that leaves while
             the app works makes the request a drop, and both teach the patience.
         limiter_options: keyword arguments for limiters the middleware builds.
+        config: the admission settings (:class:`~loadshed.config.AdmissionConfig`)
+            of the limiters the middleware builds (the default one and those of
+            ``routes`` given as a spec).
         refusal_pacing: when refusals come faster than its ``rate`` (default 500
             per second), hold each further one for a bounded time before its 503
             (:mod:`loadshed.pacing`), so that clients retrying at once cannot spend
@@ -135,6 +139,7 @@ class LoadShedMiddleware:
         server_timing: bool = True,
         disconnect_watch_after: float = 0.005,
         limiter_options: Mapping[str, Any] | None = None,
+        config: AdmissionConfig | None = None,
         metrics: LoadshedMetrics | None = None,
         metrics_path: str | None = None,
         refusal_pacing: RefusalPacing | None = DEFAULT_REFUSAL_PACING,
@@ -160,6 +165,8 @@ class LoadShedMiddleware:
             if not isinstance(header, str) or not header:
                 raise ConfigError(field, f"must be a header name, got {header!r}")
         options = dict(limiter_options or {})
+        if config is not None:
+            options["config"] = config
         if runner is not None and limiter is not None:
             raise ConfigError("runner", "give runner= to the Limiter you pass as limiter=")
         self.app = app

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from loadshed.admission import Admission, LimiterListener, LimiterSnapshot, Ticket, Token
 from loadshed.clock import MONOTONIC, Clock
+from loadshed.config import AdmissionConfig, Discipline
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limits.base import LimitAlgorithm
 from loadshed.limits.workers import WorkerCount
@@ -52,7 +53,8 @@ class Limiter:
     :func:`loadshed.limits.make_limit` (``little``, ``aimd``, ``vegas``,
     ``gradient2``, ``gradient``, ``fixed:N``) or an int (a fixed limit); None (the
     default) means ``little``. The keyword arguments configure the :class:`Admission`
-    core (queue bound, queue wait, discipline, reserved shares...).
+    core (queue bound, queue wait, discipline, reserved shares, CoDel...); ``config``
+    gives them all at once as an :class:`~loadshed.config.AdmissionConfig`.
 
     ``runner`` (a :class:`~loadshed.runner.ModelRunner`, or anything with its
     :class:`WorkerPool` members) makes the runner's live worker count the limit
@@ -70,7 +72,7 @@ class Limiter:
         clock: Clock = MONOTONIC,
         max_queue: int = 1000,
         max_queue_wait: float | None = None,
-        discipline: str = "fifo",
+        discipline: Discipline | str = Discipline.FIFO,
         reserved: Mapping[Priority, float] | None = None,
         initial_service_time: float | None = None,
         learn_patience: bool = True,
@@ -78,6 +80,7 @@ class Limiter:
         adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING,
         codel_target: float = 0.005,
         codel_interval: float = 0.1,
+        config: AdmissionConfig | None = None,
     ) -> None:
         from loadshed.limits import make_limit
 
@@ -106,6 +109,7 @@ class Limiter:
             adaptive_wait_ceiling=adaptive_wait_ceiling,
             codel_target=codel_target,
             codel_interval=codel_interval,
+            config=config,
         )
         self.clock = clock
         self.closed = False

@@ -42,6 +42,7 @@ import click
 
 from loadshed.demo.serve import DEFAULT_DEADLINE_TARGET, validate_protect
 from loadshed.errors import ConfigError, LoadshedError
+from loadshed.limits import LIMIT_SPECS
 from loadshed.loadgen.options import BenchOptions, check_retry_jitter
 from loadshed.loadgen.results import RunResult
 
@@ -592,7 +593,7 @@ def _parse_protect(text: str) -> tuple[str, ...]:
     "--protect",
     default=",".join(DEFAULT_PROTECT),
     show_default=True,
-    help="Variants to compare: none|queue|deadline|little|aimd|vegas|gradient2|gradient|fixed:N.",
+    help=f"Variants to compare: none|queue|deadline|{LIMIT_SPECS}.",
 )
 @click.option("--duration", default="4s", show_default=True, help="Measured time per step.")
 @click.option("--warmup", default="1s", show_default=True, help="Unmeasured lead-in per step.")

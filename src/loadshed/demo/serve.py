@@ -47,6 +47,7 @@ import click
 from loadshed.clickutil import refusal_rate_option
 from loadshed.demo import DEMO_MODELS
 from loadshed.errors import ConfigError
+from loadshed.limits import LIMIT_SPECS
 from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacing
 from loadshed.proxy.shutdown import DEFAULT_GRACE, GracefulServer, check_grace
 from loadshed.units import DURATION
@@ -63,8 +64,7 @@ __all__ = [
 
 PROTECT_SCHEMES: tuple[str, ...] = ("none", "queue", "deadline")
 """``--protect`` values that are not limit names."""
-LIMIT_NAMES = "little|aimd|vegas|gradient2|gradient|fixed:N"
-PROTECT_ALLOWED = f"none|queue|deadline|{LIMIT_NAMES}"
+PROTECT_ALLOWED = f"none|queue|deadline|{LIMIT_SPECS}"
 DEFAULT_DEADLINE_TARGET = 1.8
 """The throughput paradox's response-time target, seconds (its clients gave up after 2 s)."""
 # The paradox's published schemes wait as long as it takes once queued (a semaphore has no timeout).

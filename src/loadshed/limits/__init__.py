@@ -26,6 +26,7 @@ from loadshed.limits.workers import WorkerCount
 __all__ = [
     "AIMD",
     "LIMIT_NAMES",
+    "LIMIT_SPECS",
     "Fixed",
     "Gradient",
     "Gradient2",
@@ -39,12 +40,6 @@ __all__ = [
     "make_limit",
 ]
 
-LIMIT_NAMES: tuple[str, ...] = ("little", "aimd", "vegas", "gradient2", "gradient", "fixed")
-"""Algorithm names accepted by :func:`make_limit` (``fixed`` as ``fixed:N``)."""
-
-_DIGITS = re.compile(r"[0-9]+")
-_ALLOWED = "allowed: little|aimd|vegas|gradient2|gradient|fixed:N"
-
 _FACTORIES: dict[str, Callable[[], LimitAlgorithm]] = {
     "little": Little,
     "aimd": AIMD,
@@ -52,6 +47,16 @@ _FACTORIES: dict[str, Callable[[], LimitAlgorithm]] = {
     "gradient2": Gradient2,
     "gradient": Gradient,
 }
+"""The registry of limit algorithms by name: the one place a new algorithm is added."""
+
+LIMIT_NAMES: tuple[str, ...] = (*_FACTORIES, "fixed")
+"""Algorithm names accepted by :func:`make_limit` (``fixed`` as ``fixed:N``)."""
+
+LIMIT_SPECS = "|".join((*_FACTORIES, "fixed:N"))
+"""The limit specs :func:`make_limit` takes, for help texts and error messages."""
+
+_DIGITS = re.compile(r"[0-9]+")
+_ALLOWED = f"allowed: {LIMIT_SPECS}"
 
 
 def _fixed(count: int, spec: object) -> Fixed:

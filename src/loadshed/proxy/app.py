@@ -580,13 +580,7 @@ def create_proxy(
     upstreams = [
         Upstream(
             url,
-            Limiter(
-                config.limit,
-                name=str(url),
-                max_queue=config.max_queue,
-                max_queue_wait=config.max_queue_wait,
-                adaptive_wait_ceiling=config.wait_ceiling,
-            ),
+            Limiter(config.limit, name=str(url), config=config.admission),
         )
         for url in config.upstreams
     ]

@@ -28,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loadshed.clickutil import OneLineCommand, refusal_rate_option
+from loadshed.limits import LIMIT_SPECS
 from loadshed.pacing import DEFAULT_REFUSAL_PACING
 from loadshed.proxy.app import ProxyApp, create_proxy
 from loadshed.proxy.config import ProxyConfig, parse_listen, parse_upstream
@@ -157,7 +158,7 @@ def _to_config(**values: Any) -> ProxyConfig:
     "--limit",
     default="little",
     show_default=True,
-    help="Limit per upstream: little|aimd|vegas|gradient2|gradient|fixed:N.",
+    help=f"Limit per upstream: {LIMIT_SPECS}.",
 )
 @click.option(
     "--max-queue",

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from loadshed.config import AdmissionConfig
 from loadshed.errors import REFUSAL_STATUSES, ConfigError
 from loadshed.limits import make_limit
 from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacing
@@ -199,6 +200,15 @@ class ProxyConfig:
             raise ConfigError("--reject-status", f"got {self.reject_status}, allowed: 429|503")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigError("--metrics-port", f"must be 0..65535, got {self.metrics_port}")
+
+    @property
+    def admission(self) -> AdmissionConfig:
+        """The admission settings of each upstream's limiter."""
+        return AdmissionConfig(
+            max_queue=self.max_queue,
+            max_queue_wait=self.max_queue_wait,
+            adaptive_wait_ceiling=self.wait_ceiling,
+        )
 
     @property
     def refusal_pacing(self) -> RefusalPacing | None:

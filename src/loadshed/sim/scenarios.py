@@ -17,9 +17,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loadshed.admission import DISCIPLINES, Admission
+from loadshed.admission import Admission
+from loadshed.config import AdmissionConfig, Discipline
 from loadshed.errors import ConfigError
-from loadshed.limits import make_limit
+from loadshed.limits import LIMIT_NAMES, make_limit
 from loadshed.sim.arrivals import make_arrivals
 from loadshed.sim.clients import ClientConfig, ClosedLoop, OpenLoop, SemiOpen
 from loadshed.sim.engine import Engine
@@ -39,7 +40,7 @@ __all__ = [
     "run_paradox",
 ]
 
-SIM_LIMITS = ("none", "fixed", "aimd", "vegas", "gradient2", "gradient", "little")
+SIM_LIMITS = ("none", *LIMIT_NAMES)
 """Values of ``--limit``: ``none`` is a replica with no limiter at all."""
 
 
@@ -58,26 +59,24 @@ class LimiterConfig:
         name, _, value = self.limit.partition(":")
         if name not in SIM_LIMITS:
             raise ConfigError("limit", f"got {self.limit!r}, allowed: {'|'.join(SIM_LIMITS)}")
-        if name == "fixed":
-            if value:
-                try:
-                    int(value)
-                except ValueError:
-                    raise ConfigError("limit", f"fixed:N needs an integer, got {value!r}") from None
-            elif self.limit_value is None:
-                raise ConfigError("limit_value", "required with --limit fixed (an integer >= 1)")
-        elif value:
+        if name == "fixed" and not value and self.limit_value is None:
+            raise ConfigError("limit_value", "required with --limit fixed (an integer >= 1)")
+        if value and name != "fixed":
             raise ConfigError("limit", f"only fixed takes a value, got {self.limit!r}")
         if self.limit_value is not None and self.limit_value < 1:
             raise ConfigError("limit_value", f"must be >= 1, got {self.limit_value}")
-        if self.max_queue < 0:
-            raise ConfigError("max_queue", f"must be >= 0, got {self.max_queue}")
-        if self.discipline not in DISCIPLINES:
-            raise ConfigError(
-                "discipline", f"got {self.discipline!r}, allowed: {'|'.join(DISCIPLINES)}"
-            )
-        # fail now, not inside the run
+        # fail now, not inside the run (make_limit and AdmissionConfig validate)
         self.build(Engine())
+
+    @property
+    def admission(self) -> AdmissionConfig:
+        """The admission settings of each replica's limiter."""
+        return AdmissionConfig(
+            max_queue=self.max_queue,
+            max_queue_wait=self.max_queue_wait,
+            discipline=Discipline.parse(self.discipline),
+            adaptive_wait_ceiling=self.adaptive_wait_ceiling,
+        )
 
     @property
     def name(self) -> str:
@@ -90,14 +89,7 @@ class LimiterConfig:
         """A fresh admission core on the engine's clock, or None for ``none``."""
         if self.limit == "none":
             return None
-        return Admission(
-            make_limit(self.name),
-            engine.clock,
-            max_queue=self.max_queue,
-            max_queue_wait=self.max_queue_wait,
-            discipline=self.discipline,
-            adaptive_wait_ceiling=self.adaptive_wait_ceiling,
-        )
+        return Admission(make_limit(self.name), engine.clock, config=self.admission)
 
 
 @dataclass(frozen=True)
