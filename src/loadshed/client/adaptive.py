@@ -1,210 +1,58 @@
-"""``AdaptiveClient``: an aiohttp client for calling an inference endpoint in bulk
-without overloading it, and ``bounded_map`` to feed it.
-
-    async with AdaptiveClient("http://model:8000") as client:
-        async for response in client.map(lambda doc: client.post("/predict", json=doc), docs):
-            ...
-        print(client.stats())
-
-What it does for each call:
-
-1. **Local throttling** (Google SRE): while the upstream refuses more than half of
-   what it is sent, refuse attempts locally (:class:`ClientThrottled`) with
-   probability ``max(0, (requests - 2 accepts) / (requests + 1))`` over a window.
-2. **Adaptive concurrency**: a :class:`~loadshed.limiter.Limiter` (default: AIMD,
-   halving on overload, once per window of calls) holds calls beyond the current
-   limit in a local queue. 429, 502, 503, 504,
-   timeouts and connection errors are *dropped* samples (overload: the limit
-   shrinks); other answers are successes (their latency is a capacity sample).
-3. **The connection pool** is sized from the limit algorithm's ``max_limit``, so
-   the limiter, not the pool, decides how many calls are in flight (a pool smaller
-   than the limit would be a hidden queue, counted as upstream time).
-4. **Deadline**: each call has one (``timeout``, 30 s by default) covering queueing,
-   attempts and backoff; the time left is sent as ``X-Request-Timeout`` so the
-   upstream can drop work nobody will wait for.
-5. **Retries** on 429/503 and connection errors, only within a retry budget (10 % of
-   requests), after a jittered exponential backoff or the upstream's
-   ``Retry-After``, and only if the deadline leaves time for them.
-
-``client.stats()`` separates time spent locally (limiter queue and backoff) from
-time at the upstream, as HDR percentiles, and counts outcomes.
-"""
+"""``AdaptiveClient``: calls through a local throttle, an adaptive limiter, a deadline
+and a retry budget (see :mod:`loadshed.client`)."""
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import math
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar, overload
 
 import aiohttp
-from hdrh.histogram import HdrHistogram
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 
 from loadshed.bounded import BoundedMap, bounded_map
 from loadshed.checks import check_int, check_optional_number
+from loadshed.client.errors import ClientThrottled
+from loadshed.client.policy import OVERLOAD_STATUSES, CallOutcome, default_client_limit
+from loadshed.client.response import Response
+from loadshed.client.stats import ClientStats, Latency
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.errors import REFUSAL_STATUSES, ConfigError, LoadshedError, Priority
 from loadshed.histogram import LatencyHistogram
-from loadshed.limiter import Limiter
-from loadshed.limits import AIMD, Windowed, make_limit
+from loadshed.limiter import Limiter, Token
+from loadshed.limits import make_limit
 from loadshed.limits.base import LimitAlgorithm, Sample
 from loadshed.retry import Backoff, RetryBudget, parse_retry_after
 from loadshed.throttle import AdaptiveThrottle
 
-__all__ = [
-    "AdaptiveClient",
-    "ClientStats",
-    "ClientThrottled",
-    "Latency",
-    "Response",
-    "UpstreamError",
-    "bounded_map",
-    "default_client_limit",
-]
+__all__ = ["AdaptiveClient"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-
-OVERLOAD_STATUSES = REFUSAL_STATUSES | {502, 504}
-"""Answers that mean the upstream (or a gateway before it) is overloaded: dropped samples.
-A refusal (:data:`~loadshed.errors.REFUSAL_STATUSES`) is safe to retry, and not an
-*accept* for the adaptive throttle."""
 
 
 class _Default(enum.Enum):
     CLIENT = "the client's default"
 
 
-class ClientThrottled(LoadshedError):
-    """Refused locally by adaptive throttling: the upstream is refusing most calls."""
+@dataclass
+class _Call:
+    """One call's state across its attempts."""
 
-    def __init__(self, probability: float) -> None:
-        super().__init__(
-            f"throttled locally: the upstream refuses most calls "
-            f"(local reject probability {probability:.2f})"
-        )
-        self.probability = probability
-
-
-class UpstreamError(LoadshedError):
-    """Raised by :meth:`Response.raise_for_status` for an answer >= 400."""
-
-    def __init__(self, response: Response) -> None:
-        super().__init__(
-            f"upstream answered {response.status} after {response.attempts} attempt(s)"
-        )
-        self.response = response
-        self.status = response.status
-
-
-@dataclass(frozen=True)
-class Response:
-    """An upstream's answer, read in full while the call held its slot."""
-
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-    attempts: int
-    """Attempts made (1 + retries)."""
-    queue_wait_s: float
-    """Time spent locally: waiting in the limiter's queue and in retry backoff."""
-    upstream_s: float
-    """Time at the upstream, over all attempts."""
-
-    @property
-    def ok(self) -> bool:
-        """True for 1xx-3xx."""
-        return self.status < 400
-
-    def text(self, encoding: str = "utf-8") -> str:
-        """The body decoded as text."""
-        return self.body.decode(encoding)
-
-    def json(self, loads: Callable[[bytes], Any] = json.loads) -> Any:
-        """The body parsed as JSON."""
-        return loads(self.body)
-
-    def raise_for_status(self) -> None:
-        """Raise :class:`UpstreamError` if the status is 400 or more."""
-        if self.status >= 400:
-            raise UpstreamError(self)
-
-
-@dataclass(frozen=True)
-class Latency:
-    """Percentiles of one kind of time, in seconds (HDR histogram, 3 significant digits)."""
-
-    count: int
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-    p999: float
-    max: float
-
-    @classmethod
-    def of(cls, histogram: LatencyHistogram | HdrHistogram) -> Latency:
-        """Summarise ``histogram`` (an ``hdrh`` one holds microseconds)."""
-        if isinstance(histogram, HdrHistogram):
-            histogram = LatencyHistogram(histogram)
-        summary = histogram.summary()
-        return cls(
-            count=int(summary["count"]),
-            mean=float(summary["mean"]),
-            p50=float(summary["p50"]),
-            p90=float(summary["p90"]),
-            p99=float(summary["p99"]),
-            p999=float(summary["p999"]),
-            max=float(summary["max"]),
-        )
-
-
-@dataclass(frozen=True)
-class ClientStats:
-    """What :meth:`AdaptiveClient.stats` reports.
-
-    ``counts`` holds, per call, its final outcome (``ok``, ``http_4xx``, ``http_5xx``,
-    ``refused`` for a 429/503 that was not retried, ``throttled``, ``rejected`` by
-    the local limiter, ``timeout``, ``connection_error``, ``error``, ``cancelled``)
-    and, per attempt, ``attempts`` and ``retries`` (sent), ``retry_denied`` (by the
-    budget), ``retry_throttled``, ``retry_no_time`` (the deadline was too close),
-    ``upstream_429``, ``upstream_503``. ``queue_wait`` is time spent locally
-    (limiter queue and backoff), ``upstream`` time at the upstream, ``total`` both;
-    all three are recorded for calls that got an answer.
-    """
-
-    calls: int
-    counts: dict[str, int]
-    queue_wait: Latency
-    upstream: Latency
-    total: Latency
-    limit: int
-    inflight: int
-    queue_length: int
-    throttle_probability: float
-    algorithm: str
-    extra: dict[str, float] = field(default_factory=dict)
-
-
-def default_client_limit() -> Windowed:
-    """The client's default limit: AIMD (initial 4, min 1, max 128) that halves on an
-    overload sign, updated once per window of at least 8 calls (and 10 ms).
-
-    Loss-based, because a client learns of overload from the upstream's answers
-    (429/503, timeouts, connection errors). Two changes from per-call AIMD with
-    Netflix's x0.9, each measured with ``bench/e3_remote_inference.py`` against an
-    upstream that queues then refuses: per call, x0.9 is back at the queue's edge
-    within a few calls and is refused about one call in ten, more than the 10 %
-    retry budget absorbs; and a burst of refusals, one halving each, collapses the
-    limit to 1 while calls are waiting. Halving once per window keeps the limit
-    above the upstream's slots and is refused about one call in a hundred.
-    """
-    return Windowed(AIMD(backoff_ratio=0.5), window=0.01, min_samples=8, close_on_drop=True)
+    priority: Priority
+    deadline: float | None
+    headers: CIMultiDict[str]
+    attempt: int = 0
+    local_s: float = 0.0
+    """Time spent locally: the limiter's queue and retry backoff."""
+    upstream_s: float = 0.0
+    last: Response | None = None
+    last_error: aiohttp.ClientConnectionError | None = None
+    outcome: CallOutcome = CallOutcome.ERROR
 
 
 class _LimitView(LimitAlgorithm):
@@ -393,123 +241,141 @@ class AdaptiveClient:
             raise ConfigError("timeout", f"must be a finite number of seconds > 0, got {budget_s}")
         priority = Priority.parse(priority)
         started = self.clock.now()
-        deadline = None if budget_s is None else started + budget_s
         send_headers = CIMultiDict(self._default_headers)
         if headers:
             send_headers.update(headers)
         if priority is not Priority.DEFAULT:
             send_headers["X-Priority"] = str(priority)
+        call = _Call(
+            priority=priority,
+            deadline=None if budget_s is None else started + budget_s,
+            headers=send_headers,
+        )
         self._count("calls")
-        local_s = 0.0
-        upstream_s = 0.0
-        attempt = 0
-        last: Response | None = None
-        last_error: aiohttp.ClientConnectionError | None = None
-        outcome = "error"
         try:
             while True:
-                attempt += 1
-                if not self.throttle.allow():
-                    if attempt > 1:  # a retry refused locally: the last failure stands
-                        self._count("retry_throttled")
-                        if last is not None:
-                            outcome = "refused"
-                            return last
-                        outcome = "connection_error"
-                        assert last_error is not None
-                        raise last_error
-                    outcome = "throttled"
-                    raise ClientThrottled(self.throttle.reject_probability())
+                call.attempt += 1
+                refused_locally = self._throttled(call)
+                if refused_locally is not None:
+                    return refused_locally
+                token = await self._acquire(call)
                 try:
-                    token = await self.limiter.acquire(priority=priority, deadline=deadline)
-                except LoadshedError:
-                    outcome = "rejected"
-                    raise
-                local_s += token.queue_wait
-                self._count("attempts")
-                if attempt == 1:  # the budget counts requests that reach the upstream
-                    self.retry_budget.record_request()
-                else:
-                    self._count("retries")
-                sent = self.clock.now()
-                aiohttp_timeout = aiohttp.ClientTimeout()
-                if deadline is not None:
-                    remaining = deadline - sent
-                    if remaining <= 0:
-                        token.ignored()
-                        outcome = "timeout"
-                        raise TimeoutError("deadline passed while queued")
-                    send_headers["X-Request-Timeout"] = f"{remaining:.3f}"
-                    aiohttp_timeout = aiohttp.ClientTimeout(total=remaining)
-                try:
-                    async with self.session.request(
-                        method, url, headers=send_headers, timeout=aiohttp_timeout, **kwargs
-                    ) as answer:
-                        body = await answer.read()
-                except (TimeoutError, asyncio.TimeoutError):
-                    upstream_s += self.clock.now() - sent
-                    token.dropped()
-                    self.throttle.record(accepted=False)
-                    outcome = "timeout"
-                    raise
+                    last = await self._send(call, token, method, url, kwargs)
                 except aiohttp.ClientConnectionError as error:
-                    upstream_s += self.clock.now() - sent
-                    token.dropped()
-                    self.throttle.record(accepted=False)
-                    last_error = error
-                    if self.retry_connection_errors:
-                        waited = await self._may_retry(attempt, None, deadline)
-                        if waited is not None:
-                            local_s += waited
-                            continue
-                    outcome = "connection_error"
-                    raise
-                except BaseException:
-                    token.ignored()
-                    raise
-                upstream_s += self.clock.now() - sent
-                status = answer.status
-                refused = status in REFUSAL_STATUSES
-                if status in OVERLOAD_STATUSES:
-                    token.dropped()
-                    if refused:
-                        self._count(f"upstream_{status}")
-                elif status >= 500:
-                    token.ignored()  # a model error says nothing about capacity
-                else:
-                    token.success()
-                self.throttle.record(accepted=not refused)
-                last = Response(
-                    status=status,
-                    headers=answer.headers,
-                    body=body,
-                    attempts=attempt,
-                    queue_wait_s=local_s,
-                    upstream_s=upstream_s,
-                )
-                if status in self.retry_statuses:
-                    retry_after = parse_retry_after(answer.headers.get("Retry-After"))
-                    waited = await self._may_retry(attempt, retry_after, deadline)
-                    if waited is not None:
-                        local_s += waited
+                    if call.outcome is CallOutcome.TIMEOUT:
+                        raise  # a timeout, not retried
+                    call.last_error = error
+                    if self.retry_connection_errors and await self._retried(call, None):
                         continue
-                outcome = (
-                    "ok"
-                    if status < 400
-                    else "refused"
-                    if refused
-                    else "http_4xx"
-                    if status < 500
-                    else "http_5xx"
-                )
+                    call.outcome = CallOutcome.CONNECTION_ERROR
+                    raise
+                call.last = last
+                if last.status in self.retry_statuses:
+                    retry_after = parse_retry_after(last.headers.get("Retry-After"))
+                    if await self._retried(call, retry_after):
+                        continue
+                call.outcome = CallOutcome.of_status(last.status)
                 return last
         except asyncio.CancelledError:
-            outcome = "cancelled"
+            call.outcome = CallOutcome.CANCELLED
             raise
         finally:
-            self._count(outcome)
-            if outcome in ("ok", "refused", "http_4xx", "http_5xx"):
-                self._record(local_s, upstream_s, self.clock.now() - started)
+            self._count(call.outcome.value)
+            if call.outcome.answered:
+                self._record(call.local_s, call.upstream_s, self.clock.now() - started)
+
+    def _throttled(self, call: _Call) -> Response | None:
+        """Let the attempt through the adaptive throttle, or end the call: a first
+        attempt refused locally raises :class:`ClientThrottled`; a retry refused
+        locally leaves the last failure standing (its answer is returned, its
+        connection error raised)."""
+        if self.throttle.allow():
+            return None
+        if call.attempt == 1:
+            call.outcome = CallOutcome.THROTTLED
+            raise ClientThrottled(self.throttle.reject_probability())
+        self._count("retry_throttled")
+        if call.last is not None:
+            call.outcome = CallOutcome.REFUSED
+            return call.last
+        call.outcome = CallOutcome.CONNECTION_ERROR
+        assert call.last_error is not None
+        raise call.last_error
+
+    async def _acquire(self, call: _Call) -> Token:
+        """A slot from the local limiter for this attempt (queued up to the deadline)."""
+        try:
+            token = await self.limiter.acquire(priority=call.priority, deadline=call.deadline)
+        except LoadshedError:
+            call.outcome = CallOutcome.REJECTED
+            raise
+        call.local_s += token.queue_wait
+        self._count("attempts")
+        if call.attempt == 1:  # the budget counts requests that reach the upstream
+            self.retry_budget.record_request()
+        else:
+            self._count("retries")
+        return token
+
+    async def _send(
+        self, call: _Call, token: Token, method: str, url: str, kwargs: dict[str, Any]
+    ) -> Response:
+        """One attempt at the upstream, holding ``token``; reports its outcome to the
+        limiter and the throttle. Raises on a timeout or a connection error."""
+        sent = self.clock.now()
+        aiohttp_timeout = aiohttp.ClientTimeout()
+        if call.deadline is not None:
+            remaining = call.deadline - sent
+            if remaining <= 0:
+                token.ignored()
+                call.outcome = CallOutcome.TIMEOUT
+                raise TimeoutError("deadline passed while queued")
+            call.headers["X-Request-Timeout"] = f"{remaining:.3f}"
+            aiohttp_timeout = aiohttp.ClientTimeout(total=remaining)
+        try:
+            async with self.session.request(
+                method, url, headers=call.headers, timeout=aiohttp_timeout, **kwargs
+            ) as answer:
+                body = await answer.read()
+        except (TimeoutError, asyncio.TimeoutError, aiohttp.ClientConnectionError) as error:
+            call.upstream_s += self.clock.now() - sent
+            token.dropped()
+            self.throttle.record(accepted=False)
+            # (checked first: aiohttp's ServerTimeoutError is a connection error too)
+            if isinstance(error, (TimeoutError, asyncio.TimeoutError)):
+                call.outcome = CallOutcome.TIMEOUT
+            raise
+        except BaseException:
+            token.ignored()
+            raise
+        call.upstream_s += self.clock.now() - sent
+        status = answer.status
+        refused = status in REFUSAL_STATUSES
+        if status in OVERLOAD_STATUSES:
+            token.dropped()
+            if refused:
+                self._count(f"upstream_{status}")
+        elif status >= 500:
+            token.ignored()  # a model error says nothing about capacity
+        else:
+            token.success()
+        self.throttle.record(accepted=not refused)
+        return Response(
+            status=status,
+            headers=answer.headers,
+            body=body,
+            attempts=call.attempt,
+            queue_wait_s=call.local_s,
+            upstream_s=call.upstream_s,
+        )
+
+    async def _retried(self, call: _Call, retry_after: float | None) -> bool:
+        """Wait for a retry if one is allowed (attempts, deadline, budget)."""
+        waited = await self._may_retry(call.attempt, retry_after, call.deadline)
+        if waited is None:
+            return False
+        call.local_s += waited
+        return True
 
     async def _may_retry(
         self, attempt: int, retry_after: float | None, deadline: float | None
