@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol
 
 from loadshed.clock import Clock, reader
+from loadshed.codel import CoDel
 from loadshed.config import AdmissionConfig, Discipline, resolve_config
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
@@ -303,12 +304,11 @@ class Admission:
         for reason in RejectReason:
             self._counts[REJECT_COUNT_KEYS[reason]] = 0
 
-        self._codel = config.discipline is _CODEL
-        self._codel_target = config.codel_target
-        self._codel_interval = config.codel_interval
-        self._codel_interval_end = clock.now() + config.codel_interval
-        self._codel_min_wait = 0.0
-        self._codel_overloaded = False
+        self._codel: CoDel | None = (
+            CoDel(config.codel_target, config.codel_interval, clock.now())
+            if config.discipline is _CODEL
+            else None
+        )
 
     # ------------------------------------------------------------------ state
 
@@ -384,8 +384,8 @@ class Admission:
     ) -> Token | Ticket:
         """Admit now (returns a Token), queue (returns a Ticket) or raise Rejected."""
         now = self.clock.now()
-        if self._codel:
-            self._codel_tick(now)
+        if self._codel is not None:
+            self._codel_tick(self._codel, now)
         own_deadline = deadline
         deadline = self._effective_deadline(deadline, now)
         if deadline is not None and deadline <= now:
@@ -514,23 +514,25 @@ class Admission:
         while heap and heap[0][2]._state is not _State.QUEUED:
             heapq.heappop(heap)
         earliest = heap[0][0] if heap else None
-        if self._codel and self._queued:
-            if self._codel_overloaded:
+        codel = self._codel
+        if codel is not None and self._queued:
+            if codel.overloaded:
                 oldest = self._oldest_queued()
                 if oldest is not None:
-                    short = oldest.enqueued_at + self._codel_short_wait()
+                    short = oldest.enqueued_at + codel.short_wait(self._max_wait())
                     earliest = short if earliest is None else min(earliest, short)
-            tick = self._codel_interval_end
+            tick = codel.interval_end
             earliest = tick if earliest is None else min(earliest, tick)
         return earliest
 
     def expire(self) -> None:
         """Evict queued tickets whose wait or deadline ran out (calls their on_reject)."""
         now = self.clock.now()
-        if self._codel:
-            self._codel_tick(now)
-            if self._codel_overloaded:
-                short_wait = self._codel_short_wait()
+        codel = self._codel
+        if codel is not None:
+            self._codel_tick(codel, now)
+            if codel.overloaded:
+                short_wait = codel.short_wait(self._max_wait())
                 for queue in self._queues:
                     for ticket in list(queue):
                         if (
@@ -685,12 +687,13 @@ class Admission:
                 listener.on_release(outcome, service_s)
         if self._queued:
             self._dispatch(now)
-        elif self._codel:
-            self._codel_min_wait = 0.0
+        elif self._codel is not None:
+            self._codel.emptied()
 
     def _next_ticket(self) -> Ticket | None:
         """Pop the next live ticket to serve, most critical class first."""
-        lifo = self.discipline is _LIFO or (self._codel and self._codel_overloaded)
+        codel = self._codel
+        lifo = self.discipline is _LIFO or (codel is not None and codel.overloaded)
         for level, queue in enumerate(self._queues):
             while queue:
                 ticket = queue[-1] if lifo else queue[0]
@@ -722,30 +725,22 @@ class Admission:
                 ticket._state = _State.GRANTED
                 self._dequeued(ticket)
                 wait = now - ticket.enqueued_at
-                if self._codel:
-                    self._codel_min_wait = min(self._codel_min_wait, wait)
+                if self._codel is not None:
+                    self._codel.granted(wait)
                 ticket.on_grant(
                     self._grant(ticket.priority, ticket.deadline, now, ticket.enqueued_at)
                 )
-            if not self._queued:
-                self._codel_min_wait = 0.0
+            if not self._queued and self._codel is not None:
+                self._codel.emptied()
         finally:
             self._dispatching = False
 
-    def _codel_short_wait(self) -> float:
-        """Queue timeout while CoDel sees a standing queue. One expression serves
-        next_expiry() and expire(), so a due expiry always evicts (no float gap)."""
-        return min(self._codel_interval, self._max_wait())
+    def _codel_tick(self, codel: CoDel, now: float) -> None:
+        codel.tick(now, self._queued, self._oldest_enqueued_at)
 
-    def _codel_tick(self, now: float) -> None:
-        if now < self._codel_interval_end:
-            return
-        if self._queued and self._codel_min_wait == math.inf:
-            oldest = self._oldest_queued()
-            self._codel_min_wait = now - oldest.enqueued_at if oldest else 0.0
-        self._codel_overloaded = self._codel_min_wait > self._codel_target
-        self._codel_min_wait = math.inf if self._queued else 0.0
-        self._codel_interval_end = now + self._codel_interval
+    def _oldest_enqueued_at(self) -> float | None:
+        oldest = self._oldest_queued()
+        return oldest.enqueued_at if oldest is not None else None
 
     def _compact(self) -> None:
         """Drop dead tickets from the deques when they outnumber the live ones."""
