@@ -29,6 +29,7 @@ HOT_PATH = (
     "admission.py",
     "limiter.py",
     "asgi.py",
+    "watch.py",
     "estimate.py",
     "limits/base.py",
     "limits/fixed.py",

@@ -132,6 +132,7 @@ CASES: list[tuple[str, Callable[..., object], str, list[Any]]] = [
     ("windowed", lambda **kw: Windowed(Fixed(1), **kw), "window", [NAN, INF, 0, "x"]),
     ("windowed", lambda **kw: Windowed(Fixed(1), **kw), "min_samples", [0, 1.5, True]),
     ("windowed", lambda **kw: Windowed(Fixed(1), **kw), "min_rtt", [NAN, INF, -1, "x"]),
+    ("windowed", lambda **kw: Windowed(Fixed(1), **kw), "close_on_drop", ["yes", 1, None]),
     # AdaptiveClient and bounded_map
     ("client", AdaptiveClient, "timeout", [NAN, INF, 0, -1, "x", True]),
     ("client", AdaptiveClient, "max_queue", [-1, INF, "x", True]),

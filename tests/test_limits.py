@@ -635,8 +635,3 @@ def test_windowed_close_on_drop_backs_off_once_per_round_trip() -> None:
     # without close_on_drop the same refusals wait for a full window
     plain = Windowed(AIMD(initial_limit=8, backoff_ratio=0.5), window=1.0, min_samples=10)
     assert plain.update(Sample(rtt=0.01, inflight=8, dropped=True, now=1.01)) == 8
-
-
-def test_windowed_close_on_drop_must_be_a_bool() -> None:
-    with pytest.raises(ConfigError, match="close_on_drop"):
-        Windowed(AIMD(), close_on_drop="yes")  # type: ignore[arg-type]
