@@ -8,9 +8,10 @@ UV := $(shell command -v uv 2>/dev/null || echo .tools/bin/uv)
 VENV := .venv
 RUN := $(VENV)/bin
 COMPILED_TESTS := tests/test_admission.py tests/test_limiter.py tests/test_asgi.py tests/test_estimate.py \
-	tests/test_limits.py tests/test_little.py tests/test_limits_failure_modes.py tests/test_sim_scenarios.py \
-	tests/test_proxy.py tests/test_client.py tests/test_metrics.py tests/test_bounded.py \
-	tests/test_sim_engine.py tests/test_sim_targets.py
+	tests/test_config.py tests/test_metrics.py tests/test_bounded.py \
+	tests/limits/test_limits.py tests/limits/test_little.py tests/limits/test_limits_failure_modes.py \
+	tests/sim/test_sim_scenarios.py tests/sim/test_sim_engine.py tests/sim/test_sim_targets.py \
+	tests/proxy/test_proxy.py tests/client/test_client.py
 
 .PHONY: demo test lint typecheck pytest pytest-compiled compiled bench clean env
 

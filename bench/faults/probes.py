@@ -4,7 +4,7 @@ Each probe returns :class:`Row` objects (``probe | expected | observed | verdict
 ``FAST`` probes take seconds and also run as tests (``tests/test_faults.py``); the soak
 and the slowloris at the descriptor limit are in ``SLOW`` and run from
 ``bench/faults/run.py`` only. Servers and helpers come from the tests
-(``tests/proxy_servers.py``, ``tests/test_proxy_limits.py``) and the live demo
+(``tests/proxy_servers.py``, ``tests/proxy/test_proxy_limits.py``) and the live demo
 (:func:`loadshed.demo.live.start_server`), so the probes drive exactly what they test.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-for _folder in (ROOT / "tests", ROOT / "bench"):
+for _folder in (ROOT / "tests", ROOT / "tests" / "proxy", ROOT / "bench"):
     if str(_folder) not in sys.path:
         sys.path.insert(0, str(_folder))
 

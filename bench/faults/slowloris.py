@@ -5,7 +5,7 @@ client sends a request every 0.25 s.
 
 Holds when every normal request is answered 200 within 2 s and the healthy upstream
 is never marked down nor blamed for a fault. Uses the child proxy and the slowloris of
-tests/test_proxy_limits.py.
+tests/proxy/test_proxy_limits.py.
 
     .venv/bin/python bench/faults/slowloris.py --seconds 30
 """

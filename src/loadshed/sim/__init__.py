@@ -16,8 +16,10 @@ from __future__ import annotations
 from loadshed.sim.engine import Engine
 from loadshed.sim.scenarios import (
     SIM_LIMITS,
+    CapacityChangeScenario,
     FleetScenario,
     LimiterConfig,
+    ParadoxScenario,
     ServiceConfig,
     run_capacity_change,
     run_fleet,
@@ -26,9 +28,11 @@ from loadshed.sim.scenarios import (
 
 __all__ = [
     "SIM_LIMITS",
+    "CapacityChangeScenario",
     "Engine",
     "FleetScenario",
     "LimiterConfig",
+    "ParadoxScenario",
     "ServiceConfig",
     "run_capacity_change",
     "run_fleet",

@@ -20,10 +20,11 @@ from loadshed.sim.arrivals import ARRIVAL_KINDS
 from loadshed.sim.fleet import BALANCERS
 from loadshed.sim.scenarios import (
     SIM_LIMITS,
+    CapacityChangeScenario,
     FleetScenario,
     LimiterConfig,
+    ParadoxScenario,
     ServiceConfig,
-    run_capacity_change,
     run_paradox,
 )
 from loadshed.sim.service import DISTRIBUTIONS
@@ -258,20 +259,18 @@ def paradox(**options: Any) -> None:
     as_json = options.pop("as_json")
     limiter = _limiter(options)
     clients = parse_int_list(options.pop("clients"), "clients")
-    result = run_paradox(
+    service = ServiceConfig(
+        options.pop("service_time"), options.pop("service_dist"), options.pop("sigma")
+    )
+    # Every other flag is the ParadoxScenario field of the same name.
+    scenario = ParadoxScenario(
         limiter=limiter,
         clients=clients,
-        workers=options["workers"],
-        service=ServiceConfig(options["service_time"], options["service_dist"], options["sigma"]),
-        timeout=options["timeout"],
-        think=options["think"],
-        rtt=options["rtt"],
-        send_deadline=not options["no_deadline"],
-        duration=options["duration"],
-        origin_queue=options["origin_queue"],
-        seed=options["seed"],
+        service=service,
+        send_deadline=not options.pop("no_deadline"),
+        **options,
     )
-    _emit(result, as_json, "clients")
+    _emit(scenario.run(), as_json, "clients")
 
 
 @simulate.command("capacity-change")
@@ -321,30 +320,16 @@ def capacity_change(**options: Any) -> None:
     3.5 req/s)."""
     as_json = options.pop("as_json")
     limiter = _limiter(options)
-    change_to = options["change_to"]
-    if change_to is None:
-        change_to = options["service_time"] if options["workers_to"] is not None else 2.0
-    result = run_capacity_change(
+    if options["change_to"] is None:
+        options["change_to"] = options["service_time"] if options["workers_to"] is not None else 2.0
+    # Every other flag is the CapacityChangeScenario field of the same name.
+    scenario = CapacityChangeScenario(
         limiter=limiter,
-        workers=options["workers"],
-        service_time=options["service_time"],
-        change_to=change_to,
-        change_at=options["change_at"],
-        workers_to=options["workers_to"],
-        dist=options["service_dist"],
-        sigma=options["sigma"],
-        rate=options["rate"],
-        arrivals=options["arrivals"],
-        burst_size=options["burst_size"],
-        client_workers=options["client_workers"],
-        timeout=options["timeout"],
-        rtt=options["rtt"],
-        send_deadline=not options["no_deadline"],
-        origin_queue=options["origin_queue"],
-        duration=options["duration"],
-        seed=options["seed"],
+        dist=options.pop("service_dist"),
+        send_deadline=not options.pop("no_deadline"),
+        **options,
     )
-    _emit(result, as_json, "phase")
+    _emit(scenario.run(), as_json, "phase")
 
 
 @simulate.command()

@@ -32,8 +32,10 @@ from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
 __all__ = [
     "SIM_LIMITS",
+    "CapacityChangeScenario",
     "FleetScenario",
     "LimiterConfig",
+    "ParadoxScenario",
     "ServiceConfig",
     "run_capacity_change",
     "run_fleet",
@@ -160,76 +162,93 @@ def _seeded(seed: int, *salt: int) -> random.Random:
     return random.Random(value)
 
 
-def run_paradox(
-    *,
-    limiter: LimiterConfig,
-    clients: Sequence[int] = (1, 2, 3, 4, 5, 8, 16, 32, 64),
-    workers: int = 1,
-    service: ServiceConfig | None = None,
-    timeout: float = 2.0,
-    think: float = 0.0,
-    rtt: float = 0.001,
-    send_deadline: bool = True,
-    duration: float = 30.0,
-    origin_queue: int | None = None,
-    seed: int = 1,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ParadoxScenario:
     """The throughput paradox: closed-loop clients against one replica; one fresh run
     per client count.
 
     The goodput ratio is goodput / capacity (workers / mean service time).
     """
-    service = service if service is not None else ServiceConfig(0.5)
-    _check_positive("duration", duration)
-    if workers < 1:
-        raise ConfigError("workers", f"must be >= 1, got {workers}")
-    if not clients or min(clients) < 1:
-        raise ConfigError("clients", f"every count must be >= 1, got {list(clients)}")
-    config = ClientConfig(timeout=timeout, rtt=rtt, think=think, send_deadline=send_deadline)
-    capacity = workers / service.mean
-    steps = []
-    converge: list[float | None] = []
-    for count in clients:
-        engine = Engine()
-        rng = _seeded(seed, count)
-        replica = Replica(
-            engine,
-            workers=workers,
-            service=service.build(rng),
-            admission=limiter.build(engine),
-            one_way=config.one_way,
-            origin_queue=origin_queue,
+
+    limiter: LimiterConfig
+    clients: Sequence[int] = (1, 2, 3, 4, 5, 8, 16, 32, 64)
+    workers: int = 1
+    service: ServiceConfig | None = None
+    timeout: float = 2.0
+    think: float = 0.0
+    rtt: float = 0.001
+    send_deadline: bool = True
+    duration: float = 30.0
+    origin_queue: int | None = None
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        _check_positive("duration", self.duration)
+        if self.workers < 1:
+            raise ConfigError("workers", f"must be >= 1, got {self.workers}")
+        if not self.clients or min(self.clients) < 1:
+            raise ConfigError("clients", f"every count must be >= 1, got {list(self.clients)}")
+
+    def run(self) -> dict[str, Any]:
+        """Run the scenario once; the result as a JSON-ready dict."""
+        service = self.service if self.service is not None else ServiceConfig(0.5)
+        config = ClientConfig(
+            timeout=self.timeout, rtt=self.rtt, think=self.think, send_deadline=self.send_deadline
         )
-        recorder = Recorder([Phase("run", 0.0, duration)])
-        ClosedLoop(engine, replica, config, recorder, clients=count, stop=duration)
-        engine.run(duration)
-        step = {"clients": count, **_step(recorder, "run", capacity, capacity, [replica])}
-        trace = replica.limit_trace
-        settled = trace.converge_time(0.0, duration) if trace is not None else None
-        step["converge_s"] = _round(settled, 3)
-        converge.append(settled)
-        steps.append(step)
-    return {
-        "scenario": "paradox",
-        "limit": limiter.name,
-        "capacity_rps": _round(capacity),
-        "deadlines": send_deadline,
-        "seed": seed,
-        "settings": {
-            "workers": workers,
-            "service": service.dist,
-            "service_time_s": service.mean,
-            "timeout_s": timeout,
-            "think_s": think,
-            "rtt_s": rtt,
-            "duration_s": duration,
-            "origin_queue": origin_queue,
-            "max_queue": limiter.max_queue,
-            "discipline": limiter.discipline,
-        },
-        "steps": steps,
-        "converge_s": _worst(converge) if limiter.limit != "none" else None,
-    }
+        capacity = self.workers / service.mean
+        steps = []
+        converge: list[float | None] = []
+        for count in self.clients:
+            engine = Engine()
+            rng = _seeded(self.seed, count)
+            replica = Replica(
+                engine,
+                workers=self.workers,
+                service=service.build(rng),
+                admission=self.limiter.build(engine),
+                one_way=config.one_way,
+                origin_queue=self.origin_queue,
+            )
+            recorder = Recorder([Phase("run", 0.0, self.duration)])
+            ClosedLoop(engine, replica, config, recorder, clients=count, stop=self.duration)
+            engine.run(self.duration)
+            step = {"clients": count, **_step(recorder, "run", capacity, capacity, [replica])}
+            trace = replica.limit_trace
+            settled = trace.converge_time(0.0, self.duration) if trace is not None else None
+            step["converge_s"] = _round(settled, 3)
+            converge.append(settled)
+            steps.append(step)
+        return {
+            "scenario": "paradox",
+            "limit": self.limiter.name,
+            "capacity_rps": _round(capacity),
+            "deadlines": self.send_deadline,
+            "seed": self.seed,
+            "settings": {
+                "workers": self.workers,
+                "service": service.dist,
+                "service_time_s": service.mean,
+                "timeout_s": self.timeout,
+                "think_s": self.think,
+                "rtt_s": self.rtt,
+                "duration_s": self.duration,
+                "origin_queue": self.origin_queue,
+                "max_queue": self.limiter.max_queue,
+                "discipline": self.limiter.discipline,
+            },
+            "steps": steps,
+            "converge_s": _worst(converge) if self.limiter.limit != "none" else None,
+        }
+
+
+def run_paradox(scenario: ParadoxScenario | None = None, /, **settings: Any) -> dict[str, Any]:
+    """Run a :class:`ParadoxScenario`: the one given, or one built from ``settings`` (with a
+    scenario, ``settings`` replace its fields). Returns :meth:`ParadoxScenario.run`'s dict."""
+    if scenario is None:
+        scenario = ParadoxScenario(**settings)
+    elif settings:
+        scenario = dataclasses.replace(scenario, **settings)
+    return scenario.run()
 
 
 def _worst(values: Sequence[float | None]) -> float | None:
@@ -238,27 +257,8 @@ def _worst(values: Sequence[float | None]) -> float | None:
     return _round(max(v for v in values if v is not None), 3)
 
 
-def run_capacity_change(
-    *,
-    limiter: LimiterConfig,
-    workers: int = 7,
-    service_time: float = 1.0,
-    change_to: float = 2.0,
-    change_at: float | None = None,
-    workers_to: int | None = None,
-    dist: str = "constant",
-    sigma: float = 0.5,
-    rate: float = 5.0,
-    arrivals: str = "constant",
-    burst_size: int = 10,
-    client_workers: int = 10,
-    timeout: float = 2.5,
-    rtt: float = 0.001,
-    send_deadline: bool = True,
-    origin_queue: int | None = 100,
-    duration: float = 120.0,
-    seed: int = 1,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class CapacityChangeScenario:
     """A capacity change: a steady rate against one replica whose service time changes
     mid-run.
 
@@ -271,98 +271,153 @@ def run_capacity_change(
     ``converge_s`` is the time from the change until the limit stays within ±10 %
     (at least ±1) of where it ends up.
     """
-    _check_positive("duration", duration)
-    if workers < 1:
-        raise ConfigError("workers", f"must be >= 1, got {workers}")
-    if client_workers < 0:
-        raise ConfigError("client_workers", f"must be >= 0 (0: open loop), got {client_workers}")
-    if workers_to is not None and workers_to < 1:
-        raise ConfigError("workers_to", f"must be >= 1, got {workers_to}")
-    change = duration / 2 if change_at is None else change_at
-    if not 0 < change < duration:
-        raise ConfigError("change_at", f"must be within (0, {duration:g}) seconds, got {change:g}")
-    service = ServiceConfig(service_time, dist, sigma, change_to=change_to, change_at=change)
-    arrival_process = make_arrivals(arrivals, rate, burst_size)
-    config = ClientConfig(timeout=timeout, rtt=rtt, send_deadline=send_deadline)
-    engine = Engine()
-    rng = _seeded(seed)
-    replica = Replica(
-        engine,
-        workers=workers,
-        service=service.build(rng),
-        admission=limiter.build(engine),
-        one_way=config.one_way,
-        origin_queue=origin_queue,
-    )
-    if workers_to is not None:
-        engine.at(change, replica.origin.set_workers, workers_to)
-    recorder = Recorder([Phase("before", 0.0, change), Phase("after", change, duration)])
-    client_rng = _seeded(seed, 1)
-    if client_workers:
-        SemiOpen(
-            engine,
-            replica,
-            config,
-            recorder,
-            arrivals=arrival_process,
-            workers=client_workers,
-            rng=client_rng,
-            stop=duration,
+
+    limiter: LimiterConfig
+    workers: int = 7
+    service_time: float = 1.0
+    change_to: float = 2.0
+    change_at: float | None = None
+    workers_to: int | None = None
+    dist: str = "constant"
+    sigma: float = 0.5
+    rate: float = 5.0
+    arrivals: str = "constant"
+    burst_size: int = 10
+    client_workers: int = 10
+    timeout: float = 2.5
+    rtt: float = 0.001
+    send_deadline: bool = True
+    origin_queue: int | None = 100
+    duration: float = 120.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        _check_positive("duration", self.duration)
+        if self.workers < 1:
+            raise ConfigError("workers", f"must be >= 1, got {self.workers}")
+        if self.client_workers < 0:
+            raise ConfigError(
+                "client_workers", f"must be >= 0 (0: open loop), got {self.client_workers}"
+            )
+        if self.workers_to is not None and self.workers_to < 1:
+            raise ConfigError("workers_to", f"must be >= 1, got {self.workers_to}")
+        change, duration = self.change, self.duration
+        if not 0 < change < duration:
+            raise ConfigError(
+                "change_at", f"must be within (0, {duration:g}) seconds, got {change:g}"
+            )
+
+    @property
+    def change(self) -> float:
+        """When the change happens (``change_at``, by default mid-run)."""
+        return self.duration / 2 if self.change_at is None else self.change_at
+
+    def run(self) -> dict[str, Any]:
+        """Run the scenario once; the result as a JSON-ready dict."""
+        change = self.change
+        service = ServiceConfig(
+            self.service_time, self.dist, self.sigma, change_to=self.change_to, change_at=change
         )
-    else:
-        OpenLoop(
+        arrival_process = make_arrivals(self.arrivals, self.rate, self.burst_size)
+        config = ClientConfig(timeout=self.timeout, rtt=self.rtt, send_deadline=self.send_deadline)
+        engine = Engine()
+        rng = _seeded(self.seed)
+        replica = Replica(
             engine,
-            replica,
-            config,
-            recorder,
-            arrivals=arrival_process,
-            rng=client_rng,
-            stop=duration,
+            workers=self.workers,
+            service=service.build(rng),
+            admission=self.limiter.build(engine),
+            one_way=config.one_way,
+            origin_queue=self.origin_queue,
         )
-    engine.run(duration)
-    capacity_before = workers / service_time
-    capacity_after = (workers if workers_to is None else workers_to) / change_to
-    steps = [
-        {
-            "phase": "before",
-            "rate": rate,
-            **_step(recorder, "before", capacity_before, min(capacity_before, rate), [replica]),
-        },
-        {
-            "phase": "after",
-            "rate": rate,
-            **_step(recorder, "after", capacity_after, min(capacity_after, rate), [replica]),
-        },
-    ]
-    trace = replica.limit_trace
-    return {
-        "scenario": "capacity_change",
-        "limit": limiter.name,
-        "capacity_rps": _round(capacity_after),
-        "deadlines": send_deadline,
-        "seed": seed,
-        "settings": {
-            "workers": workers,
-            "workers_to": workers_to,
-            "service": dist,
-            "service_time_s": service_time,
-            "change_to_s": change_to,
-            "change_at_s": change,
-            "rate": rate,
-            "arrivals": arrivals,
-            "burst_size": burst_size,
-            "client_workers": client_workers,
-            "timeout_s": timeout,
-            "rtt_s": rtt,
-            "duration_s": duration,
-            "origin_queue": origin_queue,
-            "max_queue": limiter.max_queue,
-            "discipline": limiter.discipline,
-        },
-        "steps": steps,
-        "converge_s": _round(trace.converge_time(change, duration), 3) if trace else None,
-        "final_limit": trace.values[-1] if trace else None,
-    }
+        if self.workers_to is not None:
+            engine.at(change, replica.origin.set_workers, self.workers_to)
+        recorder = Recorder([Phase("before", 0.0, change), Phase("after", change, self.duration)])
+        client_rng = _seeded(self.seed, 1)
+        if self.client_workers:
+            SemiOpen(
+                engine,
+                replica,
+                config,
+                recorder,
+                arrivals=arrival_process,
+                workers=self.client_workers,
+                rng=client_rng,
+                stop=self.duration,
+            )
+        else:
+            OpenLoop(
+                engine,
+                replica,
+                config,
+                recorder,
+                arrivals=arrival_process,
+                rng=client_rng,
+                stop=self.duration,
+            )
+        engine.run(self.duration)
+        capacity_before = self.workers / self.service_time
+        capacity_after = (
+            self.workers if self.workers_to is None else self.workers_to
+        ) / self.change_to
+        steps = [
+            {
+                "phase": "before",
+                "rate": self.rate,
+                **_step(
+                    recorder, "before", capacity_before, min(capacity_before, self.rate), [replica]
+                ),
+            },
+            {
+                "phase": "after",
+                "rate": self.rate,
+                **_step(
+                    recorder, "after", capacity_after, min(capacity_after, self.rate), [replica]
+                ),
+            },
+        ]
+        trace = replica.limit_trace
+        return {
+            "scenario": "capacity_change",
+            "limit": self.limiter.name,
+            "capacity_rps": _round(capacity_after),
+            "deadlines": self.send_deadline,
+            "seed": self.seed,
+            "settings": {
+                "workers": self.workers,
+                "workers_to": self.workers_to,
+                "service": self.dist,
+                "service_time_s": self.service_time,
+                "change_to_s": self.change_to,
+                "change_at_s": change,
+                "rate": self.rate,
+                "arrivals": self.arrivals,
+                "burst_size": self.burst_size,
+                "client_workers": self.client_workers,
+                "timeout_s": self.timeout,
+                "rtt_s": self.rtt,
+                "duration_s": self.duration,
+                "origin_queue": self.origin_queue,
+                "max_queue": self.limiter.max_queue,
+                "discipline": self.limiter.discipline,
+            },
+            "steps": steps,
+            "converge_s": _round(trace.converge_time(change, self.duration), 3) if trace else None,
+            "final_limit": trace.values[-1] if trace else None,
+        }
+
+
+def run_capacity_change(
+    scenario: CapacityChangeScenario | None = None, /, **settings: Any
+) -> dict[str, Any]:
+    """Run a :class:`CapacityChangeScenario`: the one given, or one built from
+    ``settings`` (with a scenario, ``settings`` replace its fields). Returns
+    :meth:`CapacityChangeScenario.run`'s dict."""
+    if scenario is None:
+        scenario = CapacityChangeScenario(**settings)
+    elif settings:
+        scenario = dataclasses.replace(scenario, **settings)
+    return scenario.run()
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import requests
 from click.testing import CliRunner
 
 from loadshed.cli import main
-from proxy_servers import Recorder, echo_app, free_port, serve_asgi
+from proxy_servers import Recorder, free_port
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -63,42 +63,41 @@ def test_missing_upstream_is_a_usage_error() -> None:
     assert "--upstream" in result.output
 
 
-def test_cli_proxies_and_serves_metrics_per_upstream() -> None:
-    recorder = Recorder()
+def test_cli_proxies_and_serves_metrics_per_upstream(echo_upstream: tuple[str, Recorder]) -> None:
     port, metrics_port = free_port(), free_port()
-    with serve_asgi(echo_app(recorder)) as upstream:
-        command = [
-            sys.executable, "-m", "loadshed.cli", "proxy",
-            "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
-            "--limit", "fixed:3", "--metrics-port", str(metrics_port), "--close-abandoned",
-        ]  # fmt: skip
-        process = subprocess.Popen(
-            command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    upstream, _ = echo_upstream
+    command = [
+        sys.executable, "-m", "loadshed.cli", "proxy",
+        "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
+        "--limit", "fixed:3", "--metrics-port", str(metrics_port), "--close-abandoned",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        assert process.stderr is not None
+        banner = process.stderr.readline()
+        assert f"127.0.0.1:{port}" in banner and "fixed:3" in banner, banner
+        response = requests.get(f"http://127.0.0.1:{port}/hello?q=1", timeout=5)
+        assert response.status_code == 200
+        assert response.json()["path"] == "/hello"
+        metrics = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        assert f'loadshed_limit{{limiter="{upstream}"}} 3.0' in metrics
+        assert (
+            f'loadshed_requests_total{{limiter="{upstream}",outcome="success",reason=""}} 1.0'
+            in metrics
         )
-        try:
-            assert process.stderr is not None
-            banner = process.stderr.readline()
-            assert f"127.0.0.1:{port}" in banner and "fixed:3" in banner, banner
-            response = requests.get(f"http://127.0.0.1:{port}/hello?q=1", timeout=5)
-            assert response.status_code == 200
-            assert response.json()["path"] == "/hello"
-            metrics = requests.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
-            assert f'loadshed_limit{{limiter="{upstream}"}} 3.0' in metrics
-            assert (
-                f'loadshed_requests_total{{limiter="{upstream}",outcome="success",reason=""}} 1.0'
-                in metrics
-            )
-            assert (
-                f'loadshed_proxy_upstream_responses_total{{code="200",upstream="{upstream}"}} 1.0'
-                in metrics
-            )
-            assert f'loadshed_proxy_upstream_up{{upstream="{upstream}"}} 1.0' in metrics
-            health = requests.get(f"http://127.0.0.1:{metrics_port}/health", timeout=5).json()
-            assert health["status"] == "ok"
-            assert health["upstreams"][upstream]["limit"] == 3
-        finally:
-            process.terminate()
-            process.wait(timeout=10)
+        assert (
+            f'loadshed_proxy_upstream_responses_total{{code="200",upstream="{upstream}"}} 1.0'
+            in metrics
+        )
+        assert f'loadshed_proxy_upstream_up{{upstream="{upstream}"}} 1.0' in metrics
+        health = requests.get(f"http://127.0.0.1:{metrics_port}/health", timeout=5).json()
+        assert health["status"] == "ok"
+        assert health["upstreams"][upstream]["limit"] == 3
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
     assert time.monotonic() > 0
 
 

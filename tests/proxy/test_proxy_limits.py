@@ -208,49 +208,50 @@ def _descriptors(pid: int) -> int:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
-def test_out_of_descriptors_is_the_proxys_503_and_never_marks_the_upstream_down() -> None:
-    recorder = Recorder()
-    with serve_asgi(echo_app(recorder)) as upstream:
-        # --max-connections far above what 128 descriptors hold: the proxy runs out.
-        args = ("--max-connections", "1000", "--header-timeout", "60s", "--fail-threshold", "1")
-        with _child_proxy(upstream, 128, *args) as (url, metrics_url, pid):
-            client = _connect(url)  # a connection in before the descriptors run out
-            idle: list[socket.socket] = []
-            try:
-                full_since = None
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline:
-                    if _descriptors(pid) < 127:
-                        full_since = None
-                        idle.extend(_connect(url) for _ in range(8))
-                        time.sleep(0.02)
-                    elif full_since is None:
-                        full_since = time.monotonic()
-                    elif time.monotonic() - full_since > 0.3:
-                        break
-                    else:
-                        time.sleep(0.02)
-                assert full_since is not None, "the proxy never ran out of descriptors"
-                for _ in range(3):  # one refused connect would mark it down (--fail-threshold 1)
-                    client.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
-                    head = client.recv(65536)
-                    if b"\r\n\r\n" in head and not head.endswith(b"}"):
-                        head += client.recv(65536)
-                    assert head.startswith(b"HTTP/1.1 503 "), head
-                    assert b"retry-after: 1" in head
-                    body = json.loads(head.partition(b"\r\n\r\n")[2])
-                    assert body["error"] == "proxy_overloaded"
-                    assert body["fault"] == "proxy_resources"
-            finally:
-                for sock in idle:
-                    sock.close()
-            deadline = time.monotonic() + 5
-            while _descriptors(pid) > 40 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            client.sendall(b"GET /after HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            assert _read_until_closed(client).startswith(b"HTTP/1.1 200 ")
-            client.close()
-            metrics = _upstream_metrics(metrics_url)
+def test_out_of_descriptors_is_the_proxys_503_and_never_marks_the_upstream_down(
+    echo_upstream: tuple[str, Recorder],
+) -> None:
+    upstream, recorder = echo_upstream
+    # --max-connections far above what 128 descriptors hold: the proxy runs out.
+    args = ("--max-connections", "1000", "--header-timeout", "60s", "--fail-threshold", "1")
+    with _child_proxy(upstream, 128, *args) as (url, metrics_url, pid):
+        client = _connect(url)  # a connection in before the descriptors run out
+        idle: list[socket.socket] = []
+        try:
+            full_since = None
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if _descriptors(pid) < 127:
+                    full_since = None
+                    idle.extend(_connect(url) for _ in range(8))
+                    time.sleep(0.02)
+                elif full_since is None:
+                    full_since = time.monotonic()
+                elif time.monotonic() - full_since > 0.3:
+                    break
+                else:
+                    time.sleep(0.02)
+            assert full_since is not None, "the proxy never ran out of descriptors"
+            for _ in range(3):  # one refused connect would mark it down (--fail-threshold 1)
+                client.sendall(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n")
+                head = client.recv(65536)
+                if b"\r\n\r\n" in head and not head.endswith(b"}"):
+                    head += client.recv(65536)
+                assert head.startswith(b"HTTP/1.1 503 "), head
+                assert b"retry-after: 1" in head
+                body = json.loads(head.partition(b"\r\n\r\n")[2])
+                assert body["error"] == "proxy_overloaded"
+                assert body["fault"] == "proxy_resources"
+        finally:
+            for sock in idle:
+                sock.close()
+        deadline = time.monotonic() + 5
+        while _descriptors(pid) > 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        client.sendall(b"GET /after HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert _read_until_closed(client).startswith(b"HTTP/1.1 200 ")
+        client.close()
+        metrics = _upstream_metrics(metrics_url)
     label = f'upstream="{upstream}"'
     assert metrics[f"loadshed_proxy_upstream_up{{{label}}}"] == 1.0
     assert metrics[f'loadshed_proxy_upstream_faults_total{{fault="proxy_resources",{label}}}'] == 3
@@ -316,24 +317,25 @@ class _Slowloris:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
-def test_normal_clients_are_served_under_a_slowloris_at_the_descriptor_limit() -> None:
+def test_normal_clients_are_served_under_a_slowloris_at_the_descriptor_limit(
+    echo_upstream: tuple[str, Recorder],
+) -> None:
     """256 descriptors (the default bound is then 96 connections), 300 slowloris
     connections: every normal request is answered, and the upstream is never blamed."""
-    recorder = Recorder()
-    with serve_asgi(echo_app(recorder)) as upstream:
-        with _child_proxy(upstream, 256, "--header-timeout", "2s") as (url, metrics_url, pid):
-            with _Slowloris(url, count=300, interval=1.0) as attack:
-                time.sleep(1.0)  # the attack has filled the proxy
-                latencies = []
-                for index in range(20):
-                    started = time.monotonic()
-                    response = requests.get(f"{url}/normal/{index}", timeout=5)
-                    latencies.append(time.monotonic() - started)
-                    assert response.status_code == 200, response.text
-                    time.sleep(0.15)
-                most_descriptors = _descriptors(pid)
-            assert attack.closed_by_proxy >= 300  # evicted for room, or 408 at 2 s
-            metrics = _upstream_metrics(metrics_url)
+    upstream, recorder = echo_upstream
+    with _child_proxy(upstream, 256, "--header-timeout", "2s") as (url, metrics_url, pid):
+        with _Slowloris(url, count=300, interval=1.0) as attack:
+            time.sleep(1.0)  # the attack has filled the proxy
+            latencies = []
+            for index in range(20):
+                started = time.monotonic()
+                response = requests.get(f"{url}/normal/{index}", timeout=5)
+                latencies.append(time.monotonic() - started)
+                assert response.status_code == 200, response.text
+                time.sleep(0.15)
+            most_descriptors = _descriptors(pid)
+        assert attack.closed_by_proxy >= 300  # evicted for room, or 408 at 2 s
+        metrics = _upstream_metrics(metrics_url)
     assert max(latencies) < 2.0, latencies
     assert most_descriptors < 256
     label = f'upstream="{upstream}"'
