@@ -372,23 +372,8 @@ class Little(LimitAlgorithm):
             own_rate = min(own_rate, bound)
         self._start_round(now)
 
-        previous_min = self._latency_min
-        queue_formed = latency < math.inf and latency > _QUEUE_RISE * previous_min
         variable = self._variable
-        if variable:
-            # Means, not minima: one short request says nothing about the workers.
-            # (the standard error of the difference: the round and the baseline both)
-            se = (
-                self._latency_sd * math.sqrt(1 / completed + 1 / self._latency_weight)
-                if completed and self._latency_weight > 0
-                else 0.0
-            )
-            queue_formed = (
-                round_mean < math.inf
-                and self._latency_weight >= _VARIABLE_BASELINE
-                and round_mean > _VARIABLE_QUEUE_RISE * self._latency_mean
-                and round_mean > self._latency_mean + _VARIABLE_Z * se
-            )
+        queue_formed = self._queue_formed(latency, round_mean, completed)
         measuring = saturated or queue_formed
         if latency < math.inf or measuring:
             # App-limited rounds carry the estimate: a quiet period is no evidence.
@@ -429,25 +414,50 @@ class Little(LimitAlgorithm):
                 else latency >= _DRAIN_UNCHANGED * self._previous_round_latency
             )
         ):
-            # Draining did not bring latency down: the service itself got slower.
-            # Forget the rounds of the faster past, rates and latencies together, and
-            # keep the concurrency: the workers are the same, only slower.
-            workers = self._slots(self.estimate())
-            self._rounds.clear()
-            self._rounds.append((workers / latency, latency))
-
-            if self._variable:
-                self._vrates.clear()
-                self._vrates_count = 0.0
-                self._push_rate(workers / latency, 0.0)
-                self._latency_mean = latency
-                self._level_stats.clear()
-                self._latency_weight = 0.0
-                self._vrate_max = workers / latency
+            self._forget_faster_past(latency)
         if latency < math.inf:
             # A round of only drops measured no latency: keep the last one measured, so
             # a drain after it can still tell a slower service from a queue.
             self._previous_round_latency = latency
+        bdp = self._refresh_filters()
+        if drops > successes:
+            self._back_off_most_dropped(successes, bdp)
+            return
+        if bdp <= 0:
+            return
+        # A widely varying service times out its slowest requests at any limit: only
+        # a share of drops above that tail is a sign of overload.
+        overloaded = drops > _VARIABLE_DROPS * (drops + successes) if variable else drops > 0
+        if self._state is _State.STARTUP:
+            self._startup_round(rate, measuring, queue_formed, overloaded, bdp)
+        elif self._state is _State.DRAIN:
+            self._drain_round(own_rate, measuring, bdp)
+        elif not measuring:
+            return  # app-limited: nothing learned about capacity
+        elif self._state is _State.PROBE:
+            self._probe_round(own_rate, overloaded, bdp)
+        else:
+            self._cruise_round(rate, own_rate, queue_formed, overloaded, bdp)
+
+    def _forget_faster_past(self, latency: float) -> None:
+        """Draining did not bring latency down: the service itself got slower. Forget
+        the rounds of the faster past, rates and latencies together, and keep the
+        concurrency: the workers are the same, only slower."""
+        workers = self._slots(self.estimate())
+        self._rounds.clear()
+        self._rounds.append((workers / latency, latency))
+        if self._variable:
+            self._vrates.clear()
+            self._vrates_count = 0.0
+            self._push_rate(workers / latency, 0.0)
+            self._latency_mean = latency
+            self._level_stats.clear()
+            self._latency_weight = 0.0
+            self._vrate_max = workers / latency
+
+    def _refresh_filters(self) -> float:
+        """Recompute the rate maximum and latency minimum over the rounds kept, and the
+        per-sample cut; return the estimate."""
         if self._rounds:
             self._rate_max = max(r for r, _ in self._rounds)
             self._latency_min = min(lat for _, lat in self._rounds)
@@ -459,65 +469,83 @@ class Little(LimitAlgorithm):
         if self._variable:
             # One slow request is the service's tail, not a queue: rounds judge.
             self._cut_threshold = math.inf
+        return bdp
 
-        if drops > successes:
-            # Most of what this limit admitted was computed for nobody: back off,
-            # at once down to the estimate if it is known, whatever the estimate
-            # says: a latency that includes a queue the limit made would ratify it
-            # (rate x queued latency = the limit). The backed-off limit holds as a
-            # ceiling until a probe shows more throughput from more slots.
-            backed_off = math.floor(self._limit * self.backoff)
-            if bdp > 0:
-                backed_off = min(backed_off, self._base(bdp))
-                if self._state is _State.STARTUP:
-                    self._state = _State.CRUISE
-                    self._cruise_rounds = 0
-            self._limit = self._clamp(backed_off)
-            if successes:
-                # (A round of only drops is a capacity change's transient: the
-                # clients' patience not yet learned; no ceiling from it.)
+    def _back_off_most_dropped(self, successes: int, bdp: float) -> None:
+        """Most of what this limit admitted was computed for nobody: back off, at once
+        down to the estimate if it is known, whatever the estimate says: a latency that
+        includes a queue the limit made would ratify it (rate x queued latency = the
+        limit). The backed-off limit holds as a ceiling until a probe shows more
+        throughput from more slots."""
+        backed_off = math.floor(self._limit * self.backoff)
+        if bdp > 0:
+            backed_off = min(backed_off, self._base(bdp))
+            if self._state is _State.STARTUP:
+                self._state = _State.CRUISE
+                self._cruise_rounds = 0
+        self._limit = self._clamp(backed_off)
+        if successes:
+            # (A round of only drops is a capacity change's transient: the clients'
+            # patience not yet learned; no ceiling from it.)
+            self._ceiling = self._limit
+
+    def _drain_round(self, own_rate: float, measuring: bool, bdp: float) -> None:
+        """A drain lasts one round, measuring or not; if the rate held with fewer slots
+        (constant service only: a noisy rate would find idle slots by chance), the slots
+        removed were not doing work and the drained limit becomes a ceiling."""
+        if (
+            measuring
+            and not self._variable
+            and 0 < self._limit < self._cruise_limit
+            and self._cruise_rate > 0
+        ):
+            removed = self._cruise_limit - self._limit
+            expected_loss = self._cruise_rate * removed / self._cruise_limit
+            if own_rate >= self._cruise_rate - _PROBE_SUCCESS * expected_loss:
                 self._ceiling = self._limit
-            return
-        if bdp <= 0:
-            return
-        # A widely varying service times out its slowest requests at any limit: only
-        # a share of drops above that tail is a sign of overload.
-        overloaded = drops > _VARIABLE_DROPS * (drops + successes) if variable else drops > 0
-        if self._state is _State.STARTUP:
-            self._startup_round(rate, measuring, queue_formed, overloaded, bdp)
-        elif self._state is _State.DRAIN:
-            if (
-                measuring
-                and not variable  # a noisy rate would find idle slots by chance
-                and 0 < self._limit < self._cruise_limit
-                and self._cruise_rate > 0
-            ):
-                removed = self._cruise_limit - self._limit
-                expected_loss = self._cruise_rate * removed / self._cruise_limit
-                if own_rate >= self._cruise_rate - _PROBE_SUCCESS * expected_loss:
-                    # Fewer slots, same rate: the slots removed were not doing work.
-                    self._ceiling = self._limit
-            self._enter_cruise(bdp)  # a drain lasts one round, measuring or not
-        elif not measuring:
-            return  # app-limited: nothing learned about capacity
-        elif self._state is _State.PROBE:
-            self._probe_round(own_rate, overloaded, bdp)
+        self._enter_cruise(bdp)
+
+    def _cruise_round(
+        self, rate: float, own_rate: float, queue_formed: bool, overloaded: bool, bdp: float
+    ) -> None:
+        # The best rate of the round, not only of the requests it admitted: with a
+        # round ending in the middle of a burst of completions (constant service in
+        # step), those read half the rate, and a drain that kept the rate would call a
+        # working slot idle and cap the limit below the workers.
+        self._cruise_rate = rate if rate > own_rate else own_rate
+        self._cruise_limit = self._limit
+        self._cruise_rounds += 1
+        if queue_formed:
+            # Latency jumped: a queue behind our back or a slower service. A drain
+            # round tells which (and whether the last slot was idle).
+            self._enter_drain()
+        elif self._cruise_rounds >= self._probe_interval and not overloaded:
+            self._enter_probe(own_rate, bdp)
         else:
-            # The best rate of the round, not only of the requests it admitted: with
-            # a round ending in the middle of a burst of completions (constant service
-            # in step), those read half the rate, and a drain that kept the rate would
-            # call a working slot idle and cap the limit below the workers.
-            self._cruise_rate = rate if rate > own_rate else own_rate
-            self._cruise_limit = self._limit
-            self._cruise_rounds += 1
-            if queue_formed:
-                # Latency jumped: a queue behind our back or a slower service. A
-                # drain round tells which (and whether the last slot was idle).
-                self._enter_drain()
-            elif self._cruise_rounds >= self._probe_interval and not overloaded:
-                self._enter_probe(own_rate, bdp)
-            else:
-                self._limit = self._clamp(self._base(bdp))
+            self._limit = self._clamp(self._base(bdp))
+
+    def _queue_formed(self, latency: float, round_mean: float, completed: int) -> bool:
+        """Did the round's requests queue somewhere (at the origin, behind our back)?
+
+        Constant service: the round's lowest latency rose well above the minimum.
+        Variable service: means, not minima (one short request says nothing about the
+        workers): the round's mean significantly above the unqueued mean, judged once
+        that mean has a baseline; the standard error is of the difference, the round
+        and the baseline both.
+        """
+        if not self._variable:
+            return latency < math.inf and latency > _QUEUE_RISE * self._latency_min
+        se = (
+            self._latency_sd * math.sqrt(1 / completed + 1 / self._latency_weight)
+            if completed and self._latency_weight > 0
+            else 0.0
+        )
+        return (
+            round_mean < math.inf
+            and self._latency_weight >= _VARIABLE_BASELINE
+            and round_mean > _VARIABLE_QUEUE_RISE * self._latency_mean
+            and round_mean > self._latency_mean + _VARIABLE_Z * se
+        )
 
     def _observe_spread(
         self,
