@@ -361,12 +361,16 @@ class Little(LimitAlgorithm):
         pooled_rate = count_sum / rtt_sum if rtt_sum > 0 else 0.0
         completed = self._round_completed
         round_mean = self._round_rtt_sum / completed if completed else math.inf
-        if completed and rtt_sum > 0:
+        if self._state is _State.STARTUP and completed and rtt_sum > 0:
             # Little's law bounds any rate the round can show: throughput = mean in
             # flight / mean latency <= most in flight / mean latency. One request's
             # delivery rate (completions in its life / its latency) can break the
             # bound by chance: with varying service times a very short request has
-            # a rate of 1 / its latency, and a maximum filter would keep it.
+            # a rate of 1 / its latency, and a maximum filter would keep it. Applied
+            # in start-up only, where one such rate sets the limit (x the gain) before
+            # anything else is known; later, a short round's mean latency and most in
+            # flight, taken from the requests that ended in it, can read the bound low
+            # (bench/results/e2_rate_bound.md).
             bound = _RATE_BOUND_SLACK * self._round_max_inflight * completed / rtt_sum
             rate = min(rate, bound)
             own_rate = min(own_rate, bound)
