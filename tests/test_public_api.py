@@ -17,8 +17,10 @@ import loadshed
 PUBLIC = {
     "AdaptiveClient": "loadshed.client",
     "Admission": "loadshed.admission",
+    "AdmissionConfig": "loadshed.config",
     "Clock": "loadshed.clock",
     "ConfigError": "loadshed.errors",
+    "Discipline": "loadshed.config",
     "Limiter": "loadshed.limiter",
     "LimiterSnapshot": "loadshed.admission",
     "LoadShedMiddleware": "loadshed.asgi",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from loadshed.admission import Admission, LimiterSnapshot, Ticket, Token
 from loadshed.clock import Clock, MonotonicClock, VirtualClock
+from loadshed.config import AdmissionConfig, Discipline
 from loadshed.errors import ConfigError, LoadshedError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limiter import Limiter
 from loadshed.limits import make_limit
@@ -26,8 +27,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AdaptiveClient",
     "Admission",
+    "AdmissionConfig",
     "Clock",
     "ConfigError",
+    "Discipline",
     "Limiter",
     "LimiterSnapshot",
     "LoadShedMiddleware",
