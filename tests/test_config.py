@@ -32,6 +32,10 @@ def test_the_config_is_frozen_and_normalised() -> None:
         config.reserved[Priority.DEFAULT] = 0.1  # type: ignore[index]
     assert config.replace(max_queue=3).max_queue == 3
     assert config.max_queue == 1000
+    # hashable like any frozen settings object, equal settings hash alike
+    same = AdmissionConfig(discipline=Discipline.LIFO, reserved={Priority.CRITICAL: 0.25})
+    assert same == config and hash(same) == hash(config)
+    assert config != config.replace(reserved={})
 
 
 @pytest.mark.parametrize(

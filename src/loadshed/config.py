@@ -99,7 +99,10 @@ class AdmissionConfig:
     max_queue: int = 1000
     max_queue_wait: float | None = None
     discipline: Discipline = Discipline.FIFO
-    reserved: Mapping[Priority, float] = field(default_factory=lambda: MappingProxyType({}))
+    # (left out of the hash, a read-only mapping is not hashable; equality compares it)
+    reserved: Mapping[Priority, float] = field(
+        default_factory=lambda: MappingProxyType({}), hash=False
+    )
     initial_service_time: float | None = None
     learn_patience: bool = True
     adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING
