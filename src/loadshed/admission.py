@@ -385,7 +385,7 @@ class Admission:
         """Admit now (returns a Token), queue (returns a Ticket) or raise Rejected."""
         now = self.clock.now()
         if self._codel is not None:
-            self._codel_tick(self._codel, now)
+            self._codel.tick(now, self._queued, self._oldest_enqueued_at)
         own_deadline = deadline
         deadline = self._effective_deadline(deadline, now)
         if deadline is not None and deadline <= now:
@@ -530,7 +530,7 @@ class Admission:
         now = self.clock.now()
         codel = self._codel
         if codel is not None:
-            self._codel_tick(codel, now)
+            codel.tick(now, self._queued, self._oldest_enqueued_at)
             if codel.overloaded:
                 short_wait = codel.short_wait(self._max_wait())
                 for queue in self._queues:
@@ -734,9 +734,6 @@ class Admission:
                 self._codel.emptied()
         finally:
             self._dispatching = False
-
-    def _codel_tick(self, codel: CoDel, now: float) -> None:
-        codel.tick(now, self._queued, self._oldest_enqueued_at)
 
     def _oldest_enqueued_at(self) -> float | None:
         oldest = self._oldest_queued()

@@ -15,7 +15,7 @@ import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from loadshed.admission import Admission
 from loadshed.config import AdmissionConfig, Discipline
@@ -241,14 +241,27 @@ class ParadoxScenario:
         }
 
 
+class _Scenario(Protocol):
+    def run(self) -> dict[str, Any]: ...
+
+
+_S = TypeVar("_S", bound=_Scenario)
+
+
+def _run(kind: type[_S], scenario: _S | None, settings: dict[str, Any]) -> dict[str, Any]:
+    """Run ``scenario``, or one of ``kind`` built from ``settings`` (with a scenario,
+    ``settings`` replace its fields)."""
+    if scenario is None:
+        scenario = kind(**settings)
+    elif settings:
+        scenario = dataclasses.replace(scenario, **settings)  # type: ignore[type-var]
+    return scenario.run()
+
+
 def run_paradox(scenario: ParadoxScenario | None = None, /, **settings: Any) -> dict[str, Any]:
     """Run a :class:`ParadoxScenario`: the one given, or one built from ``settings`` (with a
     scenario, ``settings`` replace its fields). Returns :meth:`ParadoxScenario.run`'s dict."""
-    if scenario is None:
-        scenario = ParadoxScenario(**settings)
-    elif settings:
-        scenario = dataclasses.replace(scenario, **settings)
-    return scenario.run()
+    return _run(ParadoxScenario, scenario, settings)
 
 
 def _worst(values: Sequence[float | None]) -> float | None:
@@ -413,11 +426,7 @@ def run_capacity_change(
     """Run a :class:`CapacityChangeScenario`: the one given, or one built from
     ``settings`` (with a scenario, ``settings`` replace its fields). Returns
     :meth:`CapacityChangeScenario.run`'s dict."""
-    if scenario is None:
-        scenario = CapacityChangeScenario(**settings)
-    elif settings:
-        scenario = dataclasses.replace(scenario, **settings)
-    return scenario.run()
+    return _run(CapacityChangeScenario, scenario, settings)
 
 
 @dataclass(frozen=True)
@@ -628,11 +637,7 @@ def run_fleet(scenario: FleetScenario | None = None, /, **settings: Any) -> dict
     """Run a :class:`FleetScenario`, given whole or built from its fields as keywords
     (``run_fleet(limiter=LimiterConfig("little"), replicas=20)``); keywords given with a
     scenario replace its fields. Returns :meth:`FleetScenario.run`'s dict."""
-    if scenario is None:
-        scenario = FleetScenario(**settings)
-    elif settings:
-        scenario = dataclasses.replace(scenario, **settings)
-    return scenario.run()
+    return _run(FleetScenario, scenario, settings)
 
 
 def _trace(replica: Replica) -> LimitTrace:
