@@ -25,6 +25,7 @@ from typing import Final, Protocol
 from loadshed.clock import Clock, reader
 from loadshed.codel import CoDel
 from loadshed.config import AdmissionConfig, Discipline, resolve_config
+from loadshed.costmodel import CostModel, check_cost
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
 from loadshed.limits.base import LimitAlgorithm, Sample
@@ -101,6 +102,7 @@ class Ticket:
 
     __slots__ = (
         "_state",
+        "cost",
         "deadline",
         "enqueued_at",
         "on_grant",
@@ -119,6 +121,7 @@ class Ticket:
         seq: int,
         on_grant: Callable[[Token], None],
         on_reject: Callable[[Rejected], None],
+        cost: float | None = None,
     ) -> None:
         self.priority = priority
         self.deadline = deadline
@@ -127,6 +130,8 @@ class Ticket:
         self.seq = seq
         self.on_grant = on_grant
         self.on_reject = on_reject
+        self.cost = cost
+        """The request's cost (None: none given)."""
         self._state = _State.QUEUED
 
     @property
@@ -141,6 +146,7 @@ class Token:
     __slots__ = (
         "_admission",
         "admitted_at",
+        "cost",
         "deadline",
         "inflight_at_admit",
         "outcome",
@@ -156,6 +162,7 @@ class Token:
         admitted_at: float,
         queue_wait: float,
         inflight_at_admit: int,
+        cost: float | None = None,
     ) -> None:
         self._admission = admission
         self.priority = priority
@@ -163,6 +170,8 @@ class Token:
         self.admitted_at = admitted_at
         self.queue_wait = queue_wait
         self.inflight_at_admit = inflight_at_admit
+        self.cost = cost
+        """The request's cost (None: none given); a success feeds the cost model."""
         self.outcome: Outcome | None = None
 
     @property
@@ -280,6 +289,15 @@ class Admission:
         self.discipline = config.discipline
         self.learn_patience = config.learn_patience
         self.service = ServiceTimeEstimator(initial=config.initial_service_time)
+        initial_model = config.initial_cost_model
+        self.cost_model = (
+            CostModel()
+            if initial_model is None
+            else CostModel(intercept=initial_model[0], slope=initial_model[1])
+        )
+        """Service time from a request's cost, fitted on successes that carry one."""
+        self.cost_counts = {"admitted": 0.0, "refused": 0.0, "completed": 0.0}
+        """Cost admitted, refused (or left the queue) and completed successfully."""
         self.patience = PatienceEstimator()
         self.wait_bound = AdaptiveWaitBound(config.adaptive_wait_ceiling)
         """The queue-wait bound used when ``max_queue_wait`` is None."""
@@ -294,6 +312,11 @@ class Admission:
         self._queues: list[deque[Ticket]] = [deque() for _ in _PRIORITIES]
         self._queued = 0
         self._queued_by_priority = [0] * len(_PRIORITIES)
+        # Queued tickets that carry a cost, and their costs' sum, per class: the
+        # predicted work ahead of a request (see _work_ahead).
+        self._queued_costed = 0
+        self._costed_by_priority = [0] * len(_PRIORITIES)
+        self._cost_by_priority = [0.0] * len(_PRIORITIES)
         self._expiries: list[tuple[float, int, Ticket]] = []
         self._seq = 0
         self._dispatching = False
@@ -356,7 +379,12 @@ class Admission:
         # limit read directly rather than through self.limit.
         service = self.service.mean or _DEFAULT_QUEUE_WAIT
         limit = self.algorithm.limit
-        seconds = (self._queued + 1) / (limit if limit > 1 else 1) * service
+        if self._queued_costed and self.cost_model.fitted:
+            # The work queued, each request at its own predicted time.
+            work = self._work_ahead(_PRIORITIES[-1], self._queued, service)
+            seconds = (work + service) / (limit if limit > 1 else 1)
+        else:
+            seconds = (self._queued + 1) / (limit if limit > 1 else 1) * service
         return seconds if seconds > 0.001 else 0.001
 
     def client_gave_up(self, waited: float) -> None:
@@ -381,35 +409,49 @@ class Admission:
         deadline: float | None = None,
         on_grant: Callable[[Token], None],
         on_reject: Callable[[Rejected], None],
+        cost: float | None = None,
     ) -> Token | Ticket:
-        """Admit now (returns a Token), queue (returns a Ticket) or raise Rejected."""
+        """Admit now (returns a Token), queue (returns a Ticket) or raise Rejected.
+
+        ``cost`` (> 0, optional): what this request costs (rows, tokens); once the cost
+        model is fitted, deadlines and waits are judged on this request's own predicted
+        service time and the predicted work queued ahead of it.
+        """
         now = self.clock.now()
+        if cost is not None:
+            cost = check_cost(cost)
         if self._codel is not None:
             self._codel.tick(now, self._queued, self._oldest_enqueued_at)
         own_deadline = deadline
         deadline = self._effective_deadline(deadline, now)
         if deadline is not None and deadline <= now:
-            raise self._refuse(RejectReason.DEADLINE, 0.0)
+            raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
         ahead = self._waiting_at_or_above(priority)
         limit = self.algorithm.limit
         cap = self._cap(priority) if self._reserved else limit
         if not ahead and self._inflight < cap:
             if (
                 own_deadline is not None
-                and now + self._finish_estimate > own_deadline
+                and now + self._finish_for(cost) > own_deadline
                 and self._cannot_finish(now)
             ):
-                raise self._refuse(RejectReason.DEADLINE, 0.0)
-            return self._grant(priority, deadline, now, enqueued_at=now)
+                raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
+            return self._grant(priority, deadline, now, now, cost)
 
         slots = limit if limit > 1 else 1  # what the queue drains through
         # The high service-time percentile sorts a window: read it only for a deadline.
-        service_high = self.service.high if deadline is not None else None
+        service_high = self._high_for(cost) if deadline is not None else None
         service_mean = self.service.mean
+        costed = service_mean is not None and self._costed_ahead(priority, cost)
         if deadline is not None and service_mean is not None and service_high is not None:
-            expected_wait = (ahead + 1) / slots * service_mean
+            if costed:
+                expected_wait = (
+                    self._work_ahead(priority, ahead, service_mean) + service_mean
+                ) / slots
+            else:
+                expected_wait = (ahead + 1) / slots * service_mean
             if now + expected_wait + service_high > deadline:
-                raise self._refuse(RejectReason.DEADLINE, 0.0)
+                raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
 
         # A request that carries its own deadline waits by that deadline and at most
         # one service time; the adaptive bound is for clients whose patience is unknown.
@@ -419,20 +461,25 @@ class Admission:
             self.discipline is _FIFO
             and ahead  # nothing ahead: it may still be granted before max_wait
             and service_mean is not None
-            and ahead / slots * service_mean >= max_wait
+            and (
+                self._work_ahead(priority, ahead, service_mean) / slots
+                if costed
+                else ahead / slots * service_mean
+            )
+            >= max_wait
         ):
             # The queue is full in time: what is ahead alone takes the whole wait
             # bound, so this request would only time out in the queue. Refusing now
             # answers the client at once instead of after max_wait.
             if patient:
                 self.wait_bound.pressed()
-            raise self._refuse(RejectReason.LIMIT, 0.0)
+            raise self._refuse(RejectReason.LIMIT, 0.0, cost)
 
         if self._queued >= self.max_queue:
             # Only a queued ticket can make room (max_queue=0 never queues).
             victim = self._least_critical_below(priority) if self._queued else None
             if victim is None:
-                raise self._refuse(RejectReason.LIMIT, 0.0)
+                raise self._refuse(RejectReason.LIMIT, 0.0, cost)
             self._evict(victim, RejectReason.PRIORITY, now)
 
         wait_expiry = now + max_wait
@@ -440,54 +487,72 @@ class Admission:
         if deadline is not None:
             expiry = min(expiry, deadline - (service_high or 0.0))
             if expiry <= now:
-                raise self._refuse(RejectReason.DEADLINE, 0.0)
+                raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
         self._seq += 1
-        ticket = Ticket(priority, deadline, now, wait_expiry, self._seq, on_grant, on_reject)
+        ticket = Ticket(priority, deadline, now, wait_expiry, self._seq, on_grant, on_reject, cost)
         self._queues[priority].append(ticket)
         self._queued += 1
         self._queued_by_priority[priority] += 1
+        if cost is not None:
+            self._queued_costed += 1
+            self._costed_by_priority[priority] += 1
+            self._cost_by_priority[priority] += cost
         self._counts["queued"] += 1
         heapq.heappush(self._expiries, (expiry, ticket.seq, ticket))
         return ticket
 
     def grant_now(
-        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+        self,
+        *,
+        priority: Priority = Priority.DEFAULT,
+        deadline: float | None = None,
+        cost: float | None = None,
     ) -> Token | None:
         """A token if one is free right now for this priority, else None (nothing is
-        counted: the caller goes on to :meth:`submit`). The uncontended fast path."""
+        counted: the caller goes on to :meth:`submit`). The uncontended fast path.
+        ``cost`` as for :meth:`submit`."""
         # Kept lean (it runs for every request): no reserved shares means the cap is the limit.
         cap = self._cap(priority) if self._reserved else self.algorithm.limit
         if self._inflight >= cap or (self._queued and self._waiting_at_or_above(priority)):
             return None
+        if cost is not None:
+            cost = check_cost(cost)
         now = self.now()
         if deadline is None:  # _effective_deadline, inlined: one call fewer per request
             patience = self.patience.patience if self.learn_patience else None
             if patience is not None:
                 deadline = now + patience  # > now: patience is learned from waits > 0
         elif deadline <= now or (
-            now + self._finish_estimate > deadline and self._cannot_finish(now)
+            now + (self._finish_estimate if cost is None else self._finish_for(cost)) > deadline
+            and self._cannot_finish(now)
         ):
             return None  # submit() refuses it and counts the reason
-        return self._grant(priority, deadline, now, enqueued_at=now)
+        return self._grant(priority, deadline, now, now, cost)
 
     def try_acquire(
-        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+        self,
+        *,
+        priority: Priority = Priority.DEFAULT,
+        deadline: float | None = None,
+        cost: float | None = None,
     ) -> Token:
-        """Admit now or raise Rejected; never queues."""
+        """Admit now or raise Rejected; never queues. ``cost`` as for :meth:`submit`."""
         now = self.clock.now()
+        if cost is not None:
+            cost = check_cost(cost)
         own_deadline = deadline
         deadline = self._effective_deadline(deadline, now)
         if deadline is not None and deadline <= now:
-            raise self._refuse(RejectReason.DEADLINE, 0.0)
+            raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
         if self._can_admit(priority) and not self._waiting_at_or_above(priority):
             if (
                 own_deadline is not None
-                and now + self._finish_estimate > own_deadline
+                and now + self._finish_for(cost) > own_deadline
                 and self._cannot_finish(now)
             ):
-                raise self._refuse(RejectReason.DEADLINE, 0.0)
-            return self._grant(priority, deadline, now, enqueued_at=now)
-        raise self._refuse(RejectReason.LIMIT, 0.0)
+                raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
+            return self._grant(priority, deadline, now, now, cost)
+        raise self._refuse(RejectReason.LIMIT, 0.0, cost)
 
     def cancel(self, ticket: Ticket, reason: RejectReason = RejectReason.CLIENT_GONE) -> bool:
         """Take a ticket out of the queue without calling its callbacks.
@@ -504,7 +569,7 @@ class Admission:
         if reason is RejectReason.CLIENT_GONE:
             self.patience.add(waited)
             self.wait_bound.gave_up(waited)
-        self._count_reject(reason, waited)
+        self._count_reject(reason, waited, ticket.cost)
         self._compact()
         return True
 
@@ -559,6 +624,44 @@ class Admission:
             if patience is not None:
                 return now + patience
         return deadline
+
+    def _finish_for(self, cost: float | None) -> float:
+        """The time a request of ``cost`` granted now should take: once the cost model is
+        fitted and a success was seen, its predicted (mean) service time; else the
+        cost-blind :attr:`_finish_estimate` (0 before the first success)."""
+        if cost is not None and self._finish_estimate > 0:
+            predicted = self.cost_model.predict(cost)
+            if predicted is not None:
+                return predicted
+        return self._finish_estimate
+
+    def _high_for(self, cost: float | None) -> float | None:
+        """The conservative service time of a request of ``cost`` (the cost-blind high
+        percentile without a cost or a fitted model)."""
+        if cost is not None:
+            high = self.cost_model.high(cost)
+            if high is not None:
+                return high
+        return self.service.high
+
+    def _costed_ahead(self, priority: Priority, cost: float | None) -> bool:
+        """Whether waits are predicted from costs: the model is fitted and this request
+        or one queued at or above its class carries a cost."""
+        if not self.cost_model.fitted:
+            return False
+        return cost is not None or any(self._costed_by_priority[: priority + 1])
+
+    def _work_ahead(self, priority: Priority, ahead: int, service_mean: float) -> float:
+        """Predicted seconds of service queued at or above ``priority`` (``ahead``
+        tickets): each costed one at intercept + slope x cost, the others at the mean."""
+        costed = sum(self._costed_by_priority[: priority + 1])
+        if not costed:
+            return ahead * service_mean
+        model = self.cost_model
+        intercept, slope = model.intercept, model.slope
+        assert intercept is not None and slope is not None
+        cost = sum(self._cost_by_priority[: priority + 1])
+        return intercept * costed + slope * cost + service_mean * (ahead - costed)
 
     def _cannot_finish(self, now: float) -> bool:
         """Whether to refuse a request the estimate says cannot finish before its
@@ -629,35 +732,53 @@ class Admission:
         return oldest
 
     def _grant(
-        self, priority: Priority, deadline: float | None, now: float, enqueued_at: float
+        self,
+        priority: Priority,
+        deadline: float | None,
+        now: float,
+        enqueued_at: float,
+        cost: float | None = None,
     ) -> Token:
         self._inflight += 1
         self._inflight_by_priority[priority] += 1
         self._counts["admitted"] += 1
         queue_wait = now - enqueued_at
-        token = Token(self, priority, deadline, now, queue_wait, self._inflight)
+        token = Token(self, priority, deadline, now, queue_wait, self._inflight, cost)
+        if cost is not None:
+            self.cost_counts["admitted"] += cost
         if self._listeners:
             for listener in self._listeners:
                 listener.on_admit(queue_wait, priority)
         return token
 
-    def _refuse(self, reason: RejectReason, waited: float) -> Rejected:
-        self._count_reject(reason, waited)
+    def _refuse(self, reason: RejectReason, waited: float, cost: float | None = None) -> Rejected:
+        self._count_reject(reason, waited, cost)
         return Rejected(reason, self.retry_after())
 
-    def _count_reject(self, reason: RejectReason, waited: float) -> None:
+    def _count_reject(self, reason: RejectReason, waited: float, cost: float | None = None) -> None:
         self._counts[REJECT_COUNT_KEYS[reason]] += 1
+        if cost is not None:
+            self.cost_counts["refused"] += cost
         for listener in self._listeners:
             listener.on_reject(reason, waited)
 
     def _dequeued(self, ticket: Ticket) -> None:
         self._queued -= 1
-        self._queued_by_priority[ticket.priority] -= 1
+        priority = ticket.priority
+        self._queued_by_priority[priority] -= 1
+        cost = ticket.cost
+        if cost is not None:
+            self._queued_costed -= 1
+            self._costed_by_priority[priority] -= 1
+            if self._costed_by_priority[priority]:
+                self._cost_by_priority[priority] -= cost
+            else:
+                self._cost_by_priority[priority] = 0.0  # no float residue left behind
 
     def _evict(self, ticket: Ticket, reason: RejectReason, now: float) -> None:
         ticket._state = _State.REJECTED
         self._dequeued(ticket)
-        self._count_reject(reason, now - ticket.enqueued_at)
+        self._count_reject(reason, now - ticket.enqueued_at, ticket.cost)
         ticket.on_reject(Rejected(reason, self.retry_after()))
 
     def _release(self, token: Token, outcome: Outcome) -> None:
@@ -667,6 +788,10 @@ class Admission:
         service_s = now - token.admitted_at
         self._counts[outcome] += 1  # a str enum: finds the key of its value
         if outcome is _SUCCESS:
+            cost = token.cost
+            if cost is not None:
+                self.cost_model.add(cost, service_s)
+                self.cost_counts["completed"] += cost
             service = self.service
             service.add(service_s)
             mean = service.mean
@@ -718,7 +843,7 @@ class Admission:
                     break
                 if (
                     ticket.deadline is not None
-                    and now + (self.service.high or 0.0) > ticket.deadline
+                    and now + (self._high_for(ticket.cost) or 0.0) > ticket.deadline
                 ):
                     self._evict(ticket, RejectReason.DEADLINE, now)
                     continue
@@ -728,7 +853,9 @@ class Admission:
                 if self._codel is not None:
                     self._codel.granted(wait)
                 ticket.on_grant(
-                    self._grant(ticket.priority, ticket.deadline, now, ticket.enqueued_at)
+                    self._grant(
+                        ticket.priority, ticket.deadline, now, ticket.enqueued_at, ticket.cost
+                    )
                 )
             if not self._queued and self._codel is not None:
                 self._codel.emptied()

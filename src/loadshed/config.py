@@ -18,6 +18,7 @@ from types import MappingProxyType
 from typing import Any
 
 from loadshed.checks import check_int, check_number, check_optional_number
+from loadshed.costmodel import CostModel
 from loadshed.errors import ConfigError, Priority
 from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
@@ -94,6 +95,10 @@ class AdmissionConfig:
             the bound at one service time. Unused when ``max_queue_wait`` is set.
         codel_target / codel_interval: CoDel's target queue wait and interval, in
             seconds (``discipline="codel"`` only).
+        initial_cost_model: ``(intercept, slope)`` in seconds and seconds per unit of
+            cost: the cost model (:class:`~loadshed.costmodel.CostModel`) to start
+            from, e.g. fitted by ``loadshed plan --profile``; None (default) learns it
+            from the first successes that carry a cost.
     """
 
     max_queue: int = 1000
@@ -108,6 +113,7 @@ class AdmissionConfig:
     adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING
     codel_target: float = 0.005
     codel_interval: float = 0.1
+    initial_cost_model: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         def settle(name: str, value: Any) -> None:
@@ -143,6 +149,14 @@ class AdmissionConfig:
                 name,
                 check_number(name, getattr(self, name), minimum=0, min_open=True, unit="seconds"),
             )
+        model = self.initial_cost_model
+        if model is not None:
+            if not isinstance(model, (tuple, list)) or len(model) != 2:
+                raise ConfigError(
+                    "initial_cost_model", f"must be (intercept, slope) in seconds, got {model!r}"
+                )
+            CostModel(intercept=model[0], slope=model[1])  # validates both
+            settle("initial_cost_model", (float(model[0]), float(model[1])))
 
     def replace(self, **changes: Any) -> AdmissionConfig:
         """A copy with ``changes`` applied (and validated)."""

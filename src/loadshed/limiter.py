@@ -195,25 +195,40 @@ class Limiter:
         return Rejected(RejectReason.SHUTDOWN, self.admission.retry_after())
 
     def try_acquire(
-        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+        self,
+        *,
+        priority: Priority = Priority.DEFAULT,
+        deadline: float | None = None,
+        cost: float | None = None,
     ) -> Token:
         """A token now, or Rejected; never waits."""
         if self.closed:
             raise self._refuse_closed()
-        return self.admission.try_acquire(priority=priority, deadline=deadline)
+        return self.admission.try_acquire(priority=priority, deadline=deadline, cost=cost)
 
     def acquire(
-        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+        self,
+        *,
+        priority: Priority = Priority.DEFAULT,
+        deadline: float | None = None,
+        cost: float | None = None,
     ) -> _Acquire:
         """Wait for a token: ``await limiter.acquire()`` or ``async with limiter.acquire():``.
 
-        ``deadline`` is an absolute time on the limiter's clock. Raises
-        :class:`Rejected` when refused or evicted from the queue.
+        ``deadline`` is an absolute time on the limiter's clock. ``cost`` (> 0) is what
+        the request costs (rows, tokens): once the limiter's cost model
+        (:class:`~loadshed.costmodel.CostModel`) is fitted, its deadline and queue wait
+        are judged on its own predicted service time. Raises :class:`Rejected` when
+        refused or evicted from the queue.
         """
-        return _Acquire(self, priority, deadline)
+        return _Acquire(self, priority, deadline, cost)
 
     def enter(
-        self, *, priority: Priority = Priority.DEFAULT, deadline: float | None = None
+        self,
+        *,
+        priority: Priority = Priority.DEFAULT,
+        deadline: float | None = None,
+        cost: float | None = None,
     ) -> Token | Waiting:
         """Submit without awaiting: a Token now, a :class:`Waiting` (queued), or Rejected.
 
@@ -222,7 +237,7 @@ class Limiter:
         """
         if self.closed:
             raise self._refuse_closed()
-        token = self.admission.grant_now(priority=priority, deadline=deadline)
+        token = self.admission.grant_now(priority=priority, deadline=deadline, cost=cost)
         if token is not None:  # the common case: no future needed
             return token
         # A ticket's callbacks only fire after submit() returned it, so they are made
@@ -231,7 +246,7 @@ class Limiter:
         # nothing may be left queued.
         loop = asyncio.get_running_loop()
         result = self.admission.submit(
-            priority=priority, deadline=deadline, on_grant=_not_set, on_reject=_not_set
+            priority=priority, deadline=deadline, on_grant=_not_set, on_reject=_not_set, cost=cost
         )
         if isinstance(result, Token):
             return result
@@ -252,8 +267,10 @@ class Limiter:
         self._arm_timer(loop)
         return Waiting(self.admission, result, future)
 
-    async def _acquire(self, priority: Priority, deadline: float | None) -> Token:
-        entry = self.enter(priority=priority, deadline=deadline)
+    async def _acquire(
+        self, priority: Priority, deadline: float | None, cost: float | None = None
+    ) -> Token:
+        entry = self.enter(priority=priority, deadline=deadline, cost=cost)
         if isinstance(entry, Token):
             return entry
         return await entry.wait()
@@ -333,19 +350,22 @@ class Waiting:
 class _Acquire:
     """Awaitable and async context manager returned by :meth:`Limiter.acquire`."""
 
-    __slots__ = ("_deadline", "_limiter", "_priority", "_token")
+    __slots__ = ("_cost", "_deadline", "_limiter", "_priority", "_token")
 
-    def __init__(self, limiter: Limiter, priority: Priority, deadline: float | None) -> None:
+    def __init__(
+        self, limiter: Limiter, priority: Priority, deadline: float | None, cost: float | None
+    ) -> None:
         self._limiter = limiter
         self._priority = priority
         self._deadline = deadline
+        self._cost = cost
         self._token: Token | None = None
 
     def __await__(self) -> Generator[Any, None, Token]:
-        return self._limiter._acquire(self._priority, self._deadline).__await__()
+        return self._limiter._acquire(self._priority, self._deadline, self._cost).__await__()
 
     async def __aenter__(self) -> Token:
-        self._token = await self._limiter._acquire(self._priority, self._deadline)
+        self._token = await self._limiter._acquire(self._priority, self._deadline, self._cost)
         return self._token
 
     async def __aexit__(

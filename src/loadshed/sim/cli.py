@@ -314,6 +314,24 @@ def paradox(**options: Any) -> None:
     help="Origin's own queue (a 503 past it); 'unbounded' for none.",
 )
 @click.option("--duration", type=DURATION, default="120s", show_default=True)
+@click.option(
+    "--cost-dist",
+    default=None,
+    help="Request costs: constant:C, uniform:LO:HI or loguniform:LO:HI (service time "
+    "~= a + b x cost, the mean unchanged); the limiter is told each cost.",
+)
+@click.option(
+    "--cost-fixed",
+    type=float,
+    default=0.1,
+    show_default=True,
+    help="Share of the mean service time every request takes whatever its cost (a).",
+)
+@click.option(
+    "--cost-blind",
+    is_flag=True,
+    help="With --cost-dist: the same traffic, the limiter not told the costs.",
+)
 @config_errors
 def capacity_change(**options: Any) -> None:
     """A capacity change: a steady rate while the model slows down mid-run (capacity 7 ->

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from loadshed.errors import ConfigError
 from loadshed.sim.arrivals import Arrivals
+from loadshed.sim.costs import CostDistribution
 from loadshed.sim.engine import Engine
 from loadshed.sim.metrics import Recorder
 from loadshed.sim.request import Request, Status
@@ -36,7 +37,7 @@ class Target(Protocol):
 class ClientConfig:
     """What every client model shares: timeout, network, deadlines, think time."""
 
-    __slots__ = ("one_way", "retries", "send_deadline", "think", "timeout")
+    __slots__ = ("cost_rng", "costs", "one_way", "retries", "send_deadline", "think", "timeout")
 
     def __init__(
         self,
@@ -46,6 +47,8 @@ class ClientConfig:
         think: float = 0.0,
         send_deadline: bool = True,
         retries: int = 0,
+        costs: CostDistribution | None = None,
+        cost_seed: int = 0,
     ) -> None:
         if not timeout > 0:
             raise ConfigError("timeout", f"must be > 0 seconds, got {timeout}")
@@ -64,6 +67,11 @@ class ClientConfig:
         self.think = think
         self.send_deadline = send_deadline
         self.retries = retries
+        self.costs = costs
+        """Each request's cost is drawn from this (None: every request alike)."""
+        # Costs come from their own generator, drawn in send order: runs whose
+        # admission differs still send the same costs at the same times (open loop).
+        self.cost_rng = random.Random(cost_seed)
 
 
 class _Client:
@@ -89,6 +97,10 @@ class _Client:
         if config.send_deadline:
             # the server reads the relative timeout on arrival, as from a header
             request.deadline = now + config.timeout
+        costs = config.costs
+        if costs is not None:
+            cost = request.cost = costs.sample(config.cost_rng)
+            request.size = costs.size(cost)
         self.recorder.sent(sent_at)
         self.target.arrive(request)
         if not request.done:
@@ -123,7 +135,7 @@ class _Client:
             self.engine.at(when + config.one_way, self.target.arrive, request)
             return
         request.done = True
-        self.recorder.response(status, when - request.sent_at, when)
+        self.recorder.response(status, when - request.sent_at, when, request.cost)
         self.on_done(request, when)
 
     def on_timeout(self, request: Request, now: float) -> None:

@@ -52,6 +52,7 @@ class PhaseStats:
     rejected: int = 0
     origin_rejected: int = 0
     timed_out: int = 0
+    success_cost: float = 0.0
     success_latency: array[float] = field(default_factory=lambda: array("d"))
     reject_latency: array[float] = field(default_factory=lambda: array("d"))
 
@@ -63,6 +64,7 @@ class PhaseStats:
         responses = self.success + self.rejected + self.origin_rejected
         return {
             "goodput_rps": _round(self.success / seconds),
+            "goodput_cost_per_s": _round(self.success_cost / seconds),
             "throughput_rps": _round(responses / seconds),
             "p50_success_s": _round(percentile(ok, 0.50)),
             "p99_success_s": _round(percentile(ok, 0.99)),
@@ -120,13 +122,15 @@ class Recorder:
         if stats is not None:
             stats.sent += 1
 
-    def response(self, status: int, latency: float, when: float) -> None:
-        """The client got ``status`` after ``latency`` seconds, at ``when``."""
+    def response(self, status: int, latency: float, when: float, cost: float = 1.0) -> None:
+        """The client got ``status`` after ``latency`` seconds, at ``when``; ``cost``
+        is the request's (counted into cost goodput on a success)."""
         stats = self._stats_at(when)
         if stats is None:
             return
         if status == Status.SUCCESS:
             stats.success += 1
+            stats.success_cost += cost
             stats.success_latency.append(latency)
         else:
             if status == Status.ORIGIN_REJECTED:

@@ -103,7 +103,7 @@ class Origin:
     def _run(self, request: Request) -> None:
         engine = self._engine
         now = engine.clock.now()
-        seconds = self.service.sample(now) * self.slow_factor
+        seconds = self.service.sample(now) * self.slow_factor * request.size
         self.busy_seconds += seconds
         engine.at(now + seconds, self._finish, request)
 

@@ -44,12 +44,14 @@ class Request:
         "arrived_at",
         "attempt",
         "client_gone",
+        "cost",
         "deadline",
         "done",
         "owner",
         "replica",
         "sent_at",
         "served",
+        "size",
         "tag",
         "ticket",
         "timeout_at",
@@ -75,6 +77,10 @@ class Request:
         """The client has its outcome (a response or its own timeout)."""
         self.client_gone = False
         self.attempt = 0
+        self.cost = 1.0
+        """What the request costs (rows, tokens); 1 when the run has no costs."""
+        self.size = 1.0
+        """Its service-time multiplier (:meth:`CostDistribution.size`)."""
 
     def granted(self, token: Any) -> None:
         """Admission callback: a queued request got a token."""

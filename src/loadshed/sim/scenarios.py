@@ -23,6 +23,7 @@ from loadshed.errors import ConfigError
 from loadshed.limits import LIMIT_NAMES, make_limit
 from loadshed.sim.arrivals import make_arrivals
 from loadshed.sim.clients import ClientConfig, ClosedLoop, OpenLoop, SemiOpen
+from loadshed.sim.costs import CostDistribution
 from loadshed.sim.engine import Engine
 from loadshed.sim.fleet import make_balancer
 from loadshed.sim.metrics import LimitTrace, Phase, Recorder
@@ -133,6 +134,7 @@ def _step(
     capacity: float,
     achievable: float,
     replicas: Sequence[Replica],
+    mean_cost: float | None = None,
 ) -> dict[str, Any]:
     stats = recorder.stats(phase)
     summary = stats.summary()
@@ -141,10 +143,23 @@ def _step(
     mean_limit = None
     if traces:
         mean_limit = statistics.fmean(t.mean(stats.phase.start, stats.phase.end) for t in traces)
+    costs = {}
+    if mean_cost is not None:
+        # Cost units served within their deadline per second, over what the achievable
+        # request rate carries at the mean cost.
+        costs = {
+            "goodput_cost_per_s": summary.pop("goodput_cost_per_s"),
+            "goodput_cost_ratio": _round(
+                stats.success_cost / stats.phase.seconds / (achievable * mean_cost)
+            ),
+        }
+    else:
+        summary.pop("goodput_cost_per_s")
     return {
         "capacity_rps": _round(capacity),
         "goodput_rps": summary.pop("goodput_rps"),
         "goodput_ratio": _round(goodput / achievable),
+        **costs,
         "throughput_rps": summary.pop("throughput_rps"),
         "p50_success_s": summary.pop("p50_success_s"),
         "p99_success_s": summary.pop("p99_success_s"),
@@ -278,7 +293,11 @@ class CapacityChangeScenario:
     ``workers_to`` also changes the worker count at the same moment (workers lost or
     added: the case where a hand-set limit is wrong); ``change_to`` equal to
     ``service_time`` keeps the service time. ``client_workers`` caps outstanding
-    requests like the capacity-change experiment's Go client (0: pure open loop). Steps
+    requests like the capacity-change experiment's Go client (0: pure open loop).
+    ``cost_dist`` gives requests costs (``loguniform:1:100``; see
+    :mod:`loadshed.sim.costs`: service time ~= a + b x cost, ``cost_fixed`` the share
+    of a) and tells the limiter each one's cost; ``cost_blind`` sends the same traffic
+    without telling it, for comparison (steps then add cost goodput). Steps
     are the phase before the change and the phase after it; goodput ratio is goodput /
     min(capacity, rate);
     ``converge_s`` is the time from the change until the limit stays within ±10 %
@@ -303,9 +322,13 @@ class CapacityChangeScenario:
     origin_queue: int | None = 100
     duration: float = 120.0
     seed: int = 1
+    cost_dist: str | None = None
+    cost_fixed: float = 0.1
+    cost_blind: bool = False
 
     def __post_init__(self) -> None:
         _check_positive("duration", self.duration)
+        self.costs  # noqa: B018 (validates cost_dist and cost_fixed now)
         if self.workers < 1:
             raise ConfigError("workers", f"must be >= 1, got {self.workers}")
         if self.client_workers < 0:
@@ -325,6 +348,13 @@ class CapacityChangeScenario:
         """When the change happens (``change_at``, by default mid-run)."""
         return self.duration / 2 if self.change_at is None else self.change_at
 
+    @property
+    def costs(self) -> CostDistribution | None:
+        """The requests' cost distribution (None: no costs)."""
+        if self.cost_dist is None:
+            return None
+        return CostDistribution.parse(self.cost_dist, self.cost_fixed)
+
     def run(self) -> dict[str, Any]:
         """Run the scenario once; the result as a JSON-ready dict."""
         change = self.change
@@ -332,7 +362,14 @@ class CapacityChangeScenario:
             self.service_time, self.dist, self.sigma, change_to=self.change_to, change_at=change
         )
         arrival_process = make_arrivals(self.arrivals, self.rate, self.burst_size)
-        config = ClientConfig(timeout=self.timeout, rtt=self.rtt, send_deadline=self.send_deadline)
+        costs = self.costs
+        config = ClientConfig(
+            timeout=self.timeout,
+            rtt=self.rtt,
+            send_deadline=self.send_deadline,
+            costs=costs,
+            cost_seed=self.seed * 1_000_003 + 2,
+        )
         engine = Engine()
         rng = _seeded(self.seed)
         replica = Replica(
@@ -342,6 +379,7 @@ class CapacityChangeScenario:
             admission=self.limiter.build(engine),
             one_way=config.one_way,
             origin_queue=self.origin_queue,
+            cost_aware=costs is not None and not self.cost_blind,
         )
         if self.workers_to is not None:
             engine.at(change, replica.origin.set_workers, self.workers_to)
@@ -378,14 +416,24 @@ class CapacityChangeScenario:
                 "phase": "before",
                 "rate": self.rate,
                 **_step(
-                    recorder, "before", capacity_before, min(capacity_before, self.rate), [replica]
+                    recorder,
+                    "before",
+                    capacity_before,
+                    min(capacity_before, self.rate),
+                    [replica],
+                    costs.mean if costs is not None else None,
                 ),
             },
             {
                 "phase": "after",
                 "rate": self.rate,
                 **_step(
-                    recorder, "after", capacity_after, min(capacity_after, self.rate), [replica]
+                    recorder,
+                    "after",
+                    capacity_after,
+                    min(capacity_after, self.rate),
+                    [replica],
+                    costs.mean if costs is not None else None,
                 ),
             },
         ]
@@ -413,6 +461,8 @@ class CapacityChangeScenario:
                 "origin_queue": self.origin_queue,
                 "max_queue": self.limiter.max_queue,
                 "discipline": self.limiter.discipline,
+                "cost_dist": costs.describe() if costs is not None else None,
+                "cost_blind": self.cost_blind,
             },
             "steps": steps,
             "converge_s": _round(trace.converge_time(change, self.duration), 3) if trace else None,

@@ -41,6 +41,7 @@ class Replica:
         "_limit_now",
         "_now",
         "admission",
+        "cost_aware",
         "index",
         "limit_trace",
         "on_outstanding",
@@ -59,11 +60,14 @@ class Replica:
         one_way: float,
         origin_queue: int | None = None,
         index: int = 0,
+        cost_aware: bool = False,
     ) -> None:
         self._engine = engine
         self._now = engine.clock.now
         self.origin = Origin(engine, workers, service, self._origin_done, max_queue=origin_queue)
         self.admission = admission
+        self.cost_aware = cost_aware
+        """Tell the limiter each request's cost (False: cost-blind, as without costs)."""
         self.one_way = one_way
         self.index = index
         self.outstanding = 0
@@ -98,6 +102,7 @@ class Replica:
                 deadline=request.deadline,
                 on_grant=request.granted,
                 on_reject=request.rejected,
+                cost=request.cost if self.cost_aware else None,
             )
         except Rejected:
             # a refusal leaves the queue and the limit as they were (every simulated

@@ -1,0 +1,187 @@
+"""The service time of a request from its cost: time ~= a + b x cost, fitted online.
+
+A request's *cost* is a number its caller knows at arrival and its service time grows
+with: rows in a batch, tokens in a prompt, pixels in an image. :class:`CostModel` fits
+``seconds = intercept + slope x cost`` over a sliding window of recent successes, so
+that admission can predict each request's own time instead of the recent mean: a
+10,000-row request that cannot meet its deadline is refused at arrival, a 1-row one
+that can is admitted.
+
+The fit is least squares with one trimming pass: points whose residual lies more than
+three robust standard deviations (1.4826 x the median absolute deviation) from the
+median residual are dropped and the line is fitted again. A request that waited in a
+queue at the origin, or hit a GC pause, reads slow for its cost; as long as such
+points are a minority of the window they are trimmed and do not tilt the line. With
+too little spread in the costs seen to tell intercept from slope, the time is taken as
+proportional to the cost (intercept 0). A fitted slope below 0 (time does not grow
+with cost) becomes 0 with the mean as the intercept; an intercept below 0 becomes 0
+with the slope fitted through the origin.
+
+``high(cost)`` is the prediction times the 90th percentile of the ratio of measured to
+predicted time over the points kept: the conservative time a deadline is judged
+against, as :class:`~loadshed.estimate.ServiceTimeEstimator.high` is without costs.
+
+Pure: costs and times come in as arguments; no clock, no asyncio.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from loadshed.checks import check_int
+from loadshed.errors import ConfigError
+
+__all__ = ["CostModel", "check_cost"]
+
+_TRIM_SDS = 3.0  # residuals beyond this many robust standard deviations are dropped
+_MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample, in standard deviations
+_HIGH_QUANTILE = 0.9
+# Costs with a coefficient of variation below this cannot separate intercept and slope.
+_MIN_COST_CV = 0.05
+
+
+def check_cost(cost: object, field: str = "cost") -> float:
+    """A request cost as a float: finite and > 0; else :class:`ConfigError` naming ``field``."""
+    if isinstance(cost, bool) or not isinstance(cost, (int, float)):
+        raise ConfigError(field, f"must be a number > 0, got {cost!r}")
+    value = float(cost)
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(field, f"must be a finite number > 0, got {cost!r}")
+    return value
+
+
+class CostModel:
+    """``seconds ~= intercept + slope x cost``, fitted over the last ``window`` samples.
+
+    Parameters:
+        window: samples the fit covers (the most recent).
+        min_samples: samples needed before :attr:`fitted` is True and predictions are
+            made (until then :meth:`predict` returns None and admission uses the mean
+            service time, as without costs).
+        refit_every: samples between two fits (a fit sorts the window twice).
+        intercept / slope: a starting model (e.g. from ``loadshed plan --profile``),
+            used until ``min_samples`` samples were seen; give both or neither.
+    """
+
+    __slots__ = (
+        "_high_ratio",
+        "_intercept",
+        "_pending",
+        "_samples",
+        "_slope",
+        "min_samples",
+        "refit_every",
+    )
+
+    def __init__(
+        self,
+        *,
+        window: int = 64,
+        min_samples: int = 16,
+        refit_every: int = 8,
+        intercept: float | None = None,
+        slope: float | None = None,
+    ) -> None:
+        window = check_int("cost_window", window, minimum=2)
+        self.min_samples = check_int("cost_min_samples", min_samples, minimum=2, maximum=window)
+        self.refit_every = check_int("cost_refit_every", refit_every, minimum=1)
+        if (intercept is None) != (slope is None):
+            raise ConfigError("cost_model", "give both intercept and slope, or neither")
+        self._samples: deque[tuple[float, float]] = deque(maxlen=window)
+        self._pending = 0
+        self._intercept: float | None = None
+        self._slope: float | None = None
+        self._high_ratio = 1.0
+        if intercept is not None and slope is not None:
+            for field, value in (("cost_intercept", intercept), ("cost_slope", slope)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ConfigError(field, f"must be a number >= 0 seconds, got {value!r}")
+                if not (math.isfinite(value) and value >= 0):
+                    raise ConfigError(field, f"must be a finite number >= 0 seconds, got {value}")
+            if intercept + slope <= 0:
+                raise ConfigError("cost_model", "intercept + slope must be > 0 seconds")
+            self._intercept, self._slope = float(intercept), float(slope)
+
+    @property
+    def samples(self) -> int:
+        """Samples in the window."""
+        return len(self._samples)
+
+    @property
+    def fitted(self) -> bool:
+        """True when predictions are made (a fit or a starting model)."""
+        return self._slope is not None
+
+    @property
+    def intercept(self) -> float | None:
+        """Seconds every request takes whatever its cost (``a``), or None while unknown."""
+        return self._intercept
+
+    @property
+    def slope(self) -> float | None:
+        """Seconds per unit of cost (``b``), or None while unknown."""
+        return self._slope
+
+    def add(self, cost: float, seconds: float) -> None:
+        """Record a success of ``cost`` that took ``seconds`` (anything not > 0 is ignored)."""
+        if not (cost > 0 and seconds > 0 and math.isfinite(cost) and math.isfinite(seconds)):
+            return
+        self._samples.append((cost, seconds))
+        self._pending += 1
+        count = len(self._samples)
+        if count >= self.min_samples and (
+            self._pending >= self.refit_every or count == self.min_samples
+        ):
+            self._fit()
+
+    def predict(self, cost: float) -> float | None:
+        """The expected seconds of a request of ``cost``, or None while unknown."""
+        slope = self._slope
+        if slope is None:
+            return None
+        assert self._intercept is not None
+        return self._intercept + slope * cost
+
+    def high(self, cost: float) -> float | None:
+        """A conservative time for ``cost``: the prediction x the 90th percentile of
+        measured / predicted over the window (at least the prediction)."""
+        predicted = self.predict(cost)
+        return None if predicted is None else predicted * self._high_ratio
+
+    def _fit(self) -> None:
+        self._pending = 0
+        points = list(self._samples)
+        line = _least_squares(points)
+        residuals = sorted(t - (line[0] + line[1] * c) for c, t in points)
+        middle = residuals[len(residuals) // 2]
+        spread = sorted(abs(r - middle) for r in residuals)[len(residuals) // 2] * _MAD_TO_SD
+        if spread > 0:
+            intercept, slope = line
+            bound = _TRIM_SDS * spread
+            kept = [(c, t) for c, t in points if abs(t - intercept - slope * c - middle) <= bound]
+            if len(kept) >= 2 and len(kept) < len(points):
+                points = kept
+                line = _least_squares(points)
+        intercept, slope = line
+        ratios = sorted(t / max(intercept + slope * c, 1e-12) for c, t in points)
+        rank = max(1, math.ceil(_HIGH_QUANTILE * len(ratios)))
+        self._high_ratio = max(1.0, ratios[rank - 1])
+        self._intercept, self._slope = intercept, slope
+
+
+def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of ``seconds`` on ``cost``, both >= 0 (see the module docstring)."""
+    count = len(points)
+    mean_cost = sum(c for c, _ in points) / count
+    mean_time = sum(t for _, t in points) / count
+    cost_var = sum((c - mean_cost) ** 2 for c, _ in points)
+    if cost_var <= (_MIN_COST_CV * mean_cost) ** 2 * count:
+        return 0.0, mean_time / mean_cost  # no spread to separate them: proportional
+    slope = sum((c - mean_cost) * (t - mean_time) for c, t in points) / cost_var
+    if slope < 0:
+        return mean_time, 0.0
+    intercept = mean_time - slope * mean_cost
+    if intercept < 0:
+        return 0.0, sum(c * t for c, t in points) / sum(c * c for c, _ in points)
+    return intercept, slope
