@@ -505,3 +505,35 @@ def test_properties_hold_for_any_interleaving(
     return_exceptions: bool,
 ) -> None:
     asyncio.run(run_spec(spec, concurrency, ordered, max_held, async_source, return_exceptions))
+
+
+async def test_with_a_cost_the_limit_bounds_the_cost_in_flight() -> None:
+    running: list[int] = []
+    snapshots: list[list[int]] = []
+
+    async def work(size: int) -> int:
+        running.append(size)
+        snapshots.append(list(running))
+        await asyncio.sleep(0.002 * (size % 3 + 1))
+        running.remove(size)
+        return size
+
+    sizes = [5, 1, 8, 3, 30, 2, 7, 4, 6, 1] * 5  # 30 alone exceeds the limit of 10
+    async with bounded_map(work, sizes, concurrency=10, cost=float) as results:
+        done = sorted([size async for size in results])
+    assert done == sorted(sizes)
+    for snapshot in snapshots:
+        assert sum(snapshot) <= 10 or snapshot == [30]  # the big one runs alone
+    assert [30] in snapshots
+    assert max(sum(s) for s in snapshots if s != [30]) >= 8  # the budget is used
+
+
+async def test_a_bad_cost_is_raised_like_a_source_error() -> None:
+    async def work(x: int) -> int:
+        return x
+
+    with pytest.raises(ConfigError, match="cost"):
+        async with bounded_map(work, [1, 2, -3], concurrency=10, cost=float) as results:
+            [x async for x in results]
+    with pytest.raises(ConfigError, match="cost"):
+        bounded_map(work, [1], cost=3)  # type: ignore[arg-type]

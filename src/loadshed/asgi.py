@@ -18,8 +18,10 @@ The app finds its token in ``scope["loadshed.token"]`` and may release it first
 with its own outcome (a proxy marks an upstream 429 as dropped, for instance).
 
 The deadline comes from ``X-Request-Timeout`` (seconds) or ``grpc-timeout``, or
-the route's default; the priority from ``X-Priority``. Malformed values are
-ignored and counted (``malformed_headers``), never answered with a 500.
+the route's default; the priority from ``X-Priority``; the request's cost (rows,
+tokens: see :mod:`loadshed.costmodel`) from ``X-Request-Cost`` or the ``cost``
+callable. Malformed values are ignored and counted (``malformed_headers``), never
+answered with a 500.
 
 Shutdown: :meth:`LoadShedMiddleware.shutdown` answers every queued request, and every
 later one, 503 + ``Retry-After`` (reason ``shutdown``) at once; requests already
@@ -44,7 +46,14 @@ from loadshed.admission import Token
 from loadshed.asgitypes import ASGIApp, Message, Receive, Scope, Send
 from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.config import AdmissionConfig
-from loadshed.deadline import HeaderError, parse_grpc_timeout, parse_priority, parse_timeout_seconds
+from loadshed.costmodel import check_cost
+from loadshed.deadline import (
+    HeaderError,
+    parse_cost,
+    parse_grpc_timeout,
+    parse_priority,
+    parse_timeout_seconds,
+)
 from loadshed.errors import (
     REFUSAL_STATUSES,
     ConfigError,
@@ -100,6 +109,15 @@ class LoadShedMiddleware:
             begun its answer already, it may finish it).
         default_timeout: deadline in seconds for requests that send none.
         deadline_header / grpc_timeout_header / priority_header: header names.
+        cost_header: the header that carries a request's cost (a number > 0: rows,
+            tokens, pixels; default ``x-request-cost``; None: not read). Once the
+            limiter's cost model is fitted, a request with a cost is judged on its own
+            predicted service time (deadline, queue wait, ``Retry-After``).
+        cost: a callable ``scope -> float | None`` giving a request's cost from its
+            scope (path, query, headers), instead of ``cost_header``; None (its
+            answer) means no cost. It must not read the body: for a cost that only
+            the body tells, have the client send it in ``cost_header``, or admit in
+            the handler with ``Limiter.acquire(cost=...)`` after parsing the body.
         server_timing: add the ``Server-Timing`` response header.
         disconnect_watch_after: seconds a request lasts (queued or running) before
             its connection is watched for a disconnect; 0 watches from the next loop
@@ -137,6 +155,8 @@ class LoadShedMiddleware:
         deadline_header: str = "x-request-timeout",
         grpc_timeout_header: str = "grpc-timeout",
         priority_header: str = "x-priority",
+        cost_header: str | None = "x-request-cost",
+        cost: Callable[[Scope], float | None] | None = None,
         server_timing: bool = True,
         disconnect_watch_after: float = 0.005,
         limiter_options: Mapping[str, Any] | None = None,
@@ -165,6 +185,12 @@ class LoadShedMiddleware:
         ):
             if not isinstance(header, str) or not header:
                 raise ConfigError(field, f"must be a header name, got {header!r}")
+        if cost_header is not None and (not isinstance(cost_header, str) or not cost_header):
+            raise ConfigError("cost_header", f"must be a header name or None, got {cost_header!r}")
+        if cost is not None and not callable(cost):
+            raise ConfigError(
+                "cost", f"must be a callable scope -> cost, got {type(cost).__name__}"
+            )
         options = dict(limiter_options or {})
         if config is not None:
             options["config"] = config
@@ -196,6 +222,11 @@ class LoadShedMiddleware:
         self._deadline_header = deadline_header.lower().encode("latin-1")
         self._grpc_header = grpc_timeout_header.lower().encode("latin-1")
         self._priority_header = priority_header.lower().encode("latin-1")
+        self._cost = cost
+        # Read only without a cost callable (which decides alone).
+        self._cost_header = (
+            cost_header.lower().encode("latin-1") if cost_header and cost is None else None
+        )
         self._watched_headers = frozenset(
             (
                 b"content-length",
@@ -203,6 +234,7 @@ class LoadShedMiddleware:
                 self._deadline_header,
                 self._grpc_header,
                 self._priority_header,
+                *((self._cost_header,) if self._cost_header is not None else ()),
             )
         )
         self.server_timing = server_timing
@@ -341,16 +373,18 @@ class LoadShedMiddleware:
             await self.app(scope, receive, send)
             return
 
-        timeout, priority, content_length, has_body = self._read_headers(scope)
+        timeout, priority, content_length, has_body, cost = self._read_headers(scope)
         if content_length is not None and content_length > self.max_body_bytes:
             await send_too_large(send, self.max_body_bytes)
             return
+        if self._cost is not None:
+            cost = self._cost_of(scope)
         now = limiter.admission.now
         deadline = None if timeout is None else now() + timeout
         watch: RequestWatch | None = None
         try:
             # A free slot at once (the common case: no future made), queued, or refused.
-            entry = limiter.enter(priority=priority, deadline=deadline)
+            entry = limiter.enter(priority=priority, deadline=deadline, cost=cost)
         except Rejected as rejected:
             await self._send_rejection(send, rejected, now)
             return
@@ -410,11 +444,14 @@ class LoadShedMiddleware:
 
     # ----------------------------------------------------------------- parts
 
-    def _read_headers(self, scope: Scope) -> tuple[float | None, Priority, int | None, bool]:
-        """Deadline timeout, priority, Content-Length and whether a body follows."""
+    def _read_headers(
+        self, scope: Scope
+    ) -> tuple[float | None, Priority, int | None, bool, float | None]:
+        """Deadline timeout, priority, Content-Length, whether a body follows, and cost."""
         timeout = self.default_timeout
         priority = _DEFAULT_PRIORITY
         content_length: int | None = None
+        cost: float | None = None
         chunked = False
         deadline_header, grpc_header = self._deadline_header, self._grpc_header
         priority_header, watched = self._priority_header, self._watched_headers
@@ -433,6 +470,8 @@ class LoadShedMiddleware:
                     content_length = int(raw_value)
                 elif name == b"transfer-encoding":
                     chunked = True
+                elif name == self._cost_header:
+                    cost = parse_cost(raw_value.decode("latin-1"), name.decode())
             except HeaderError as error:
                 self.malformed_headers[error.header] = (
                     self.malformed_headers.get(error.header, 0) + 1
@@ -440,7 +479,21 @@ class LoadShedMiddleware:
             except ValueError:
                 pass  # a bad Content-Length is the server's business, not ours
         has_body = chunked or (content_length is not None and content_length > 0)
-        return timeout, priority, content_length, has_body
+        return timeout, priority, content_length, has_body, cost
+
+    def _cost_of(self, scope: Scope) -> float | None:
+        """The ``cost`` callable's answer; a failure or a value that is not a number > 0
+        is counted (``malformed_headers["cost"]``) and means no cost, never a 500."""
+        assert self._cost is not None
+        try:
+            cost = self._cost(scope)
+            return None if cost is None else check_cost(cost)
+        except Exception as error:
+            count = self.malformed_headers.get("cost", 0)
+            self.malformed_headers["cost"] = count + 1
+            if not count:
+                _logger.warning("the cost callable failed or gave a bad cost: %r", error)
+            return None
 
     async def _wait_in_queue(
         self, waiting: Waiting, watch: RequestWatch, send: Send, now: Callable[[], float]

@@ -17,6 +17,11 @@ Example::
 ``concurrency`` may also be a :class:`~loadshed.limits.base.LimitAlgorithm`; every
 completed call is then a sample (success with its duration, or dropped when it raised
 ``TimeoutError``) and the limit is read again after each completion.
+
+With ``cost=`` (a function of the input: rows, tokens), ``concurrency`` bounds the
+*cost* in flight instead of the number of calls: ``bounded_map(embed, batches,
+concurrency=20_000, cost=lambda batch: batch.tokens)`` keeps at most 20,000 tokens in
+flight, however the batch sizes vary.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from loadshed.checks import check_int
 from loadshed.clock import MONOTONIC, Clock
+from loadshed.costmodel import check_cost
 from loadshed.errors import ConfigError
 from loadshed.limits import make_limit
 from loadshed.limits.base import LimitAlgorithm, Sample
@@ -72,6 +78,7 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         max_held: int | None,
         dropped_on: tuple[type[BaseException], ...],
         clock: Clock,
+        cost: Callable[[Any], float] | None = None,
     ) -> None:
         if not callable(fn):
             raise ConfigError("fn", f"must be an async callable, got {type(fn).__name__}")
@@ -94,6 +101,14 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             )
         if max_held is not None:
             max_held = check_int("max_held", max_held, minimum=1)
+        if cost is not None and not callable(cost):
+            raise ConfigError(
+                "cost", f"must be a callable input -> cost, got {type(cost).__name__}"
+            )
+        self._cost_fn = cost
+        self._costs: dict[asyncio.Future[Any], float] = {}
+        self._inflight_cost = 0.0
+        self._staged_cost = 0.0
         self._sync_source: Iterator[Any] | None
         self._async_source: AsyncIterator[Any] | None
         if isinstance(iterable, AsyncIterable):
@@ -162,6 +177,11 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         return len(self._running)
 
     @property
+    def in_flight_cost(self) -> float:
+        """The cost of the calls running (with ``cost=``; else 0)."""
+        return self._inflight_cost
+
+    @property
     def held(self) -> int:
         """Inputs taken but not yet yielded: running, or finished and waiting."""
         return self._next_index - self._yielded
@@ -226,7 +246,19 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         # Finished results wait for the consumer (or, ordered, for an earlier input)
         # within max_held: a slow consumer or a slow head pauses the producer.
         max_held = 2 * self._limit if self._max_held is None else self._max_held
+        if self._cost_fn is not None:  # the limit bounds the cost in flight
+            return self.held < max_held and (not self._running or self._inflight_cost < self._limit)
         return len(self._running) < self._limit and self.held < max_held
+
+    def _fits(self) -> bool:
+        """With ``cost=``: the staged input's cost fits under the limit (or nothing
+        runs: an input costing more than the whole limit runs alone)."""
+        return not self._running or self._inflight_cost + self._staged_cost <= self._limit
+
+    def _stage(self, item: Any) -> None:
+        self._staged = item
+        if self._cost_fn is not None:
+            self._staged_cost = check_cost(self._cost_fn(item))
 
     def _fill(self) -> None:
         """Start calls while slots are free, pulling inputs one at a time.
@@ -261,23 +293,28 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
                     except StopIteration:
                         self._exhausted = True
                         return
-                    self._start(item)
-                    continue
-                if self._pull is None:
-                    if not self._can_start():
+                    if self._cost_fn is None:
+                        self._start(item)
+                        continue
+                    self._stage(item)
+                else:
+                    if self._pull is None:
+                        if not self._can_start():
+                            return
+                        assert self._async_source is not None
+                        self._pull = asyncio.ensure_future(self._async_source.__anext__())
+                        self._pull.add_done_callback(self._pulled_callback)
+                    if not self._pull.done():
                         return
-                    assert self._async_source is not None
-                    self._pull = asyncio.ensure_future(self._async_source.__anext__())
-                    self._pull.add_done_callback(self._pulled_callback)
-                if not self._pull.done():
-                    return
-                pull, self._pull = self._pull, None
-                try:
-                    self._staged = pull.result()
-                except StopAsyncIteration:
-                    self._exhausted = True
-                    return
+                    pull, self._pull = self._pull, None
+                    try:
+                        self._stage(pull.result())
+                    except StopAsyncIteration:
+                        self._exhausted = True
+                        return
             if not self._can_start():
+                return
+            if self._cost_fn is not None and not self._fits():
                 return
             item, self._staged = self._staged, _NOTHING
             self._start(item)
@@ -300,6 +337,9 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             future = self._loop.create_future()
             future.set_exception(error)
         self._running[future] = index
+        if self._cost_fn is not None:
+            self._costs[future] = self._staged_cost
+            self._inflight_cost += self._staged_cost
         if self._algorithm is not None:
             self._started[future] = (self._clock.now(), len(self._running))
         # A shared context for our own callbacks saves copying one per call.
@@ -308,6 +348,10 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
     def _on_done(self, future: asyncio.Future[Any]) -> None:
         index = self._running.pop(future, None)
         started = self._started.pop(future, None)
+        if self._cost_fn is not None:
+            self._inflight_cost -= self._costs.pop(future, 0.0)
+            if not self._running:
+                self._inflight_cost = 0.0  # no float residue left behind
         if index is None or self._stopping:
             self._wake()
             return
@@ -378,6 +422,8 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             await asyncio.wait(pending)
         self._running.clear()
         self._started.clear()
+        self._costs.clear()
+        self._inflight_cost = 0.0
 
 
 @overload
@@ -391,6 +437,7 @@ def bounded_map(
     max_held: int | None = ...,
     dropped_on: tuple[type[BaseException], ...] = ...,
     clock: Clock = ...,
+    cost: Callable[[_T], float] | None = ...,
 ) -> BoundedMap[_R]: ...
 
 
@@ -405,6 +452,7 @@ def bounded_map(
     max_held: int | None = ...,
     dropped_on: tuple[type[BaseException], ...] = ...,
     clock: Clock = ...,
+    cost: Callable[[_T], float] | None = ...,
 ) -> BoundedMap[_R | BaseException]: ...
 
 
@@ -419,6 +467,7 @@ def bounded_map(
     max_held: int | None = ...,
     dropped_on: tuple[type[BaseException], ...] = ...,
     clock: Clock = ...,
+    cost: Callable[[_T], float] | None = ...,
 ) -> BoundedMap[_R] | BoundedMap[_R | BaseException]: ...
 
 
@@ -432,6 +481,7 @@ def bounded_map(
     max_held: int | None = None,
     dropped_on: tuple[type[BaseException], ...] = DEFAULT_DROPPED_ON,
     clock: Clock = MONOTONIC,
+    cost: Callable[[_T], float] | None = None,
 ) -> BoundedMap[_R] | BoundedMap[_R | BaseException]:
     """Run ``fn`` over ``iterable`` with at most ``concurrency`` calls in flight.
 
@@ -458,6 +508,10 @@ def bounded_map(
       cancelled and has ended; results not yet taken are discarded.
       ``return_exceptions=True``: an exception is yielded as that input's result.
       Errors of the source itself are always raised.
+    - ``cost``: a function of an input giving its cost (a number > 0: rows, tokens);
+      ``concurrency`` then bounds the cost in flight, not the number of calls (an
+      input costing more than the whole limit runs alone). A bad cost or a failure
+      of ``cost`` is raised like an error of the source.
 
     Leaving an ``async with`` block, calling ``aclose()``, or cancelling the consumer
     cancels every call still in flight and waits for them, so none is left behind.
@@ -471,4 +525,5 @@ def bounded_map(
         max_held=max_held,
         dropped_on=dropped_on,
         clock=clock,
+        cost=cost,
     )

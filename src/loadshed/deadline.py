@@ -1,4 +1,4 @@
-"""Reading a request's deadline and priority from its headers.
+"""Reading a request's deadline, priority and cost from its headers.
 
 Two deadline forms are understood: ``X-Request-Timeout: 2.5`` (seconds, a decimal
 number) and gRPC's ``grpc-timeout: 250m`` (at most 8 digits and a unit: H hours,
@@ -12,7 +12,13 @@ import re
 
 from loadshed.errors import ConfigError, LoadshedError, Priority
 
-__all__ = ["HeaderError", "parse_grpc_timeout", "parse_priority", "parse_timeout_seconds"]
+__all__ = [
+    "HeaderError",
+    "parse_cost",
+    "parse_grpc_timeout",
+    "parse_priority",
+    "parse_timeout_seconds",
+]
 
 _GRPC_TIMEOUT_RE = re.compile(r"^(\d{1,8})([HMSmun])$")
 _GRPC_UNIT_SECONDS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -45,6 +51,17 @@ def parse_grpc_timeout(value: str, header: str = "grpc-timeout") -> float:
     if match is None or int(match.group(1)) == 0:
         raise HeaderError(header, value, "1 to 8 digits then one of H M S m u n, e.g. 250m")
     return min(int(match.group(1)) * _GRPC_UNIT_SECONDS[match.group(2)], _MAX_TIMEOUT_SECONDS)
+
+
+def parse_cost(value: str, header: str = "x-request-cost") -> float:
+    """Parse a request cost, a finite number > 0 (e.g. ``"256"``); raise HeaderError otherwise."""
+    try:
+        cost = float(value.strip())
+    except ValueError:
+        cost = math.nan
+    if not (0 < cost < math.inf):  # also rejects nan
+        raise HeaderError(header, value, "a finite number > 0, e.g. 256")
+    return cost
 
 
 def parse_priority(value: str, header: str = "x-priority") -> Priority:

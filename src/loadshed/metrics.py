@@ -151,6 +151,19 @@ class _StateCollector(Collector):
                 lambda a: a.max_wait(),
                 False,
             ),
+            (
+                "loadshed_cost_model_intercept_seconds",
+                "Fitted service time of any request whatever its cost (a in a + b x cost); "
+                "NaN until fitted.",
+                lambda a: a.cost_model.intercept,
+                False,
+            ),
+            (
+                "loadshed_cost_model_slope_seconds",
+                "Fitted service time per unit of cost (b in a + b x cost); NaN until fitted.",
+                lambda a: a.cost_model.slope,
+                False,
+            ),
         ]
         requests = CounterMetricFamily(
             "loadshed_requests",
@@ -165,6 +178,16 @@ class _StateCollector(Collector):
             for outcome, reason, key in _REQUEST_COUNTS:
                 requests.add_metric([name, outcome, reason], totals.get(key, 0))
         yield requests
+        costs = CounterMetricFamily(
+            "loadshed_cost",
+            "Request cost (rows, tokens) admitted, refused (or left the queue) and completed "
+            "successfully, for requests that carry one.",
+            labels=["limiter", "event"],
+        )
+        for name, admissions in by_name.items():
+            for event in ("admitted", "refused", "completed"):
+                costs.add_metric([name, event], sum(a.cost_counts[event] for a in admissions))
+        yield costs
         for metric_name, documentation, read, additive in gauges:
             family = GaugeMetricFamily(metric_name, documentation, labels=["limiter"])
             for name, admissions in by_name.items():

@@ -449,3 +449,18 @@ def test_policy_configuration_errors_name_the_field() -> None:
         RetryBudget(ratio=1.5)
     with pytest.raises(ConfigError, match=r"^backoff_cap: "):
         Backoff(base=1.0, cap=0.5)
+
+
+async def test_a_call_with_a_cost_sends_it_and_feeds_the_local_cost_model(
+    upstream: Upstream,
+) -> None:
+    async with AdaptiveClient(upstream.url, limit=Fixed(4)) as client:
+        for rows in range(1, 21):
+            response = await client.post("/predict", json={}, cost=rows)
+            assert response.status == 200
+        with pytest.raises(ConfigError, match="cost"):
+            await client.post("/predict", json={}, cost=0)
+        model = client.limiter.admission.cost_model
+    assert [h.get("X-Request-Cost") for h in upstream.headers] == [str(r) for r in range(1, 21)]
+    assert model.fitted
+    assert client.limiter.admission.cost_counts["completed"] == sum(range(1, 21))

@@ -21,6 +21,7 @@ from loadshed.client.policy import OVERLOAD_STATUSES, CallOutcome, default_clien
 from loadshed.client.response import Response
 from loadshed.client.stats import ClientStats, Latency
 from loadshed.clock import MONOTONIC, Clock
+from loadshed.costmodel import check_cost
 from loadshed.errors import REFUSAL_STATUSES, ConfigError, LoadshedError, Priority
 from loadshed.histogram import LatencyHistogram
 from loadshed.limiter import Limiter, Token
@@ -46,6 +47,7 @@ class _Call:
     priority: Priority
     deadline: float | None
     headers: CIMultiDict[str]
+    cost: float | None = None
     attempt: int = 0
     local_s: float = 0.0
     """Time spent locally: the limiter's queue and retry backoff."""
@@ -224,9 +226,14 @@ class AdaptiveClient:
         timeout: float | _Default | None = _Default.CLIENT,
         priority: Priority | str = Priority.DEFAULT,
         headers: Mapping[str, str] | None = None,
+        cost: float | None = None,
         **kwargs: Any,
     ) -> Response:
         """Make one call (with retries); other keyword arguments go to aiohttp.
+
+        ``cost`` (> 0: rows, tokens) is what the call costs: the local limiter judges
+        its deadline on its own predicted time (:mod:`loadshed.costmodel`), and it is
+        sent as ``X-Request-Cost`` so that a loadshed-protected server does the same.
 
         Returns the upstream's answer, whatever its status (a 429/503 once retries
         are spent or not allowed). Raises :class:`ClientThrottled` (refused locally),
@@ -240,16 +247,21 @@ class AdaptiveClient:
         ):
             raise ConfigError("timeout", f"must be a finite number of seconds > 0, got {budget_s}")
         priority = Priority.parse(priority)
+        if cost is not None:
+            cost = check_cost(cost)
         started = self.clock.now()
         send_headers = CIMultiDict(self._default_headers)
         if headers:
             send_headers.update(headers)
         if priority is not Priority.DEFAULT:
             send_headers["X-Priority"] = str(priority)
+        if cost is not None:
+            send_headers["X-Request-Cost"] = f"{cost:g}"
         call = _Call(
             priority=priority,
             deadline=None if budget_s is None else started + budget_s,
             headers=send_headers,
+            cost=cost,
         )
         self._count("calls")
         try:
@@ -305,7 +317,9 @@ class AdaptiveClient:
     async def _acquire(self, call: _Call) -> Token:
         """A slot from the local limiter for this attempt (queued up to the deadline)."""
         try:
-            token = await self.limiter.acquire(priority=call.priority, deadline=call.deadline)
+            token = await self.limiter.acquire(
+                priority=call.priority, deadline=call.deadline, cost=call.cost
+            )
         except LoadshedError:
             call.outcome = CallOutcome.REJECTED
             raise

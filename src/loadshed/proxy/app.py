@@ -613,6 +613,7 @@ def create_proxy(
         reject_status=config.reject_status,
         max_body_bytes=config.max_body_bytes,
         default_timeout=config.deadline,
+        cost_header=config.cost_header,
         metrics=metrics,
         refusal_pacing=config.refusal_pacing,
     )

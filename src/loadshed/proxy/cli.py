@@ -134,6 +134,8 @@ async def _run(
 def _to_config(**values: Any) -> ProxyConfig:
     upstreams = tuple(parse_upstream(u) for u in values.pop("upstream"))
     host, port = parse_listen(values.pop("listen"))
+    if values.get("cost_header", "").lower() == "none":
+        values["cost_header"] = None
     return ProxyConfig(upstreams=upstreams, host=host, port=port, **values)
 
 
@@ -194,6 +196,14 @@ def _to_config(**values: Any) -> ProxyConfig:
     type=DURATION,
     default=None,
     help="Deadline for requests without X-Request-Timeout (e.g. 2.5s).",
+)
+@click.option(
+    "--cost-header",
+    default="x-request-cost",
+    show_default=True,
+    metavar="NAME",
+    help="Header carrying a request's cost (rows, tokens): admission then predicts each "
+    "request's own service time. 'none' reads no cost.",
 )
 @click.option(
     "--upstream-timeout",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -17,6 +18,7 @@ from loadshed.waitbound import DEFAULT_WAIT_CEILING
 __all__ = ["ProxyConfig", "UpstreamURL", "parse_listen", "parse_upstream"]
 
 _SCHEMES = ("http", "https")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,9 @@ class ProxyConfig:
       (:mod:`loadshed.waitbound`).
     - ``refusal_rate`` 500/s, ``max_refusal_hold`` 1 s: refusals beyond this rate are
       held before their 503 (:mod:`loadshed.pacing`); 0 turns it off.
+    - ``cost_header="x-request-cost"``: a request that carries its cost there (rows,
+      tokens) is admitted by its own predicted service time (:mod:`loadshed.costmodel`);
+      None reads no cost.
     - ``grace`` 10 s: on SIGTERM, requests in flight get this long to finish (queued
       ones are answered 503 at once), then the proxy exits.
     """
@@ -138,6 +143,7 @@ class ProxyConfig:
     refusal_rate: float = DEFAULT_REFUSAL_PACING.rate
     max_refusal_hold: float = DEFAULT_REFUSAL_PACING.max_hold
     deadline: float | None = None
+    cost_header: str | None = "x-request-cost"
     upstream_timeout: float = 30.0
     connect_timeout: float = 2.0
     read_timeout: float = 30.0
@@ -196,6 +202,12 @@ class ProxyConfig:
                 raise ConfigError(flag, f"must be an integer >= {low}, got {value}")
         if not (math.isfinite(self.grace) and self.grace >= 0):
             raise ConfigError("--grace", f"must be a duration >= 0, e.g. 10s; got {self.grace!r}")
+        if self.cost_header is not None and not _HEADER_NAME.fullmatch(str(self.cost_header)):
+            raise ConfigError(
+                "--cost-header",
+                "must be a header name (letters, digits, - and _) or none, "
+                f"got {self.cost_header!r}",
+            )
         if self.reject_status not in REFUSAL_STATUSES:
             raise ConfigError("--reject-status", f"got {self.reject_status}, allowed: 429|503")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
