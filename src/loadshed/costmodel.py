@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 
 from loadshed.checks import check_int
 from loadshed.errors import ConfigError
 
-__all__ = ["CostModel", "check_cost"]
+__all__ = ["CostModel", "check_cost", "fit_cost_line"]
 
 _TRIM_SDS = 3.0  # residuals beyond this many robust standard deviations are dropped
 _MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample, in standard deviations
@@ -152,7 +153,7 @@ class CostModel:
     def _fit(self) -> None:
         self._pending = 0
         points = list(self._samples)
-        line = _least_squares(points)
+        line = fit_cost_line(points)
         residuals = sorted(t - (line[0] + line[1] * c) for c, t in points)
         middle = residuals[len(residuals) // 2]
         spread = sorted(abs(r - middle) for r in residuals)[len(residuals) // 2] * _MAD_TO_SD
@@ -162,7 +163,7 @@ class CostModel:
             kept = [(c, t) for c, t in points if abs(t - intercept - slope * c - middle) <= bound]
             if len(kept) >= 2 and len(kept) < len(points):
                 points = kept
-                line = _least_squares(points)
+                line = fit_cost_line(points)
         intercept, slope = line
         ratios = sorted(t / max(intercept + slope * c, 1e-12) for c, t in points)
         rank = max(1, math.ceil(_HIGH_QUANTILE * len(ratios)))
@@ -170,8 +171,11 @@ class CostModel:
         self._intercept, self._slope = intercept, slope
 
 
-def _least_squares(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """(intercept, slope) of ``seconds`` on ``cost``, both >= 0 (see the module docstring)."""
+def fit_cost_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of ``seconds`` on ``cost`` by least squares over ``(cost,
+    seconds)`` points (at least one), both >= 0 (see the module docstring). ``loadshed
+    plan --profile`` fits its measured means with it: the starting model
+    (``AdmissionConfig.initial_cost_model``)."""
     count = len(points)
     mean_cost = sum(c for c, _ in points) / count
     mean_time = sum(t for _, t in points) / count

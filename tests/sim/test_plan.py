@@ -152,3 +152,30 @@ def test_cli_profile_plans_from_measurements(
     assert sizes[-1]["plan"]["capacity_rps"] == pytest.approx(2 / sizes[-1]["mean_s"])
     assert sizes[0]["plan"]["overloaded"] is False
     sys.modules.pop("plan_target_mod", None)
+
+
+def test_cli_profile_fits_the_starting_cost_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A function whose time is 2 ms + 0.1 ms per unit: the fitted line is the cost
+    model admission can start from."""
+    (tmp_path / "plan_cost_mod.py").write_text(
+        "import time\ndef work(size):\n    time.sleep(0.002 + 0.0001 * size)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    result = CliRunner().invoke(
+        plan,
+        [
+            "--workers", "2", "--timeout", "1s",
+            "--profile", "plan_cost_mod:work", "--sizes", "10,100,200",
+            "--runs", "3", "--warmup", "1", "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    model = json.loads(result.output)["cost_model"]
+    assert model["slope_s_per_unit"] == pytest.approx(0.0001, rel=0.3)
+    assert 0.0 <= model["intercept_s"] < 0.01
+    from loadshed.config import AdmissionConfig
+
+    AdmissionConfig(initial_cost_model=(model["intercept_s"], model["slope_s_per_unit"]))
+    sys.modules.pop("plan_cost_mod", None)

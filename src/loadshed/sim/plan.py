@@ -15,7 +15,10 @@ Given c workers, a service time S and a client timeout T:
 ``--profile package.module:function --sizes ...`` first measures the function's
 service time at each input size (``function(size)``), with warm-up calls, repeated
 timed calls, their mean and a 95 % confidence interval (Student's t), and plans from
-each measured mean.
+each measured mean. With two sizes or more it also fits service time = a + b x size
+over the means (:func:`loadshed.costmodel.fit_cost_line`): the starting cost model for
+admission by predicted service time (``AdmissionConfig(initial_cost_model=(a, b))``,
+requests sending their size as their cost).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from loadshed.costmodel import fit_cost_line
 from loadshed.errors import ConfigError
 from loadshed.units import DURATION, parse_int_list
 
@@ -332,11 +336,18 @@ def plan(
     except ConfigError as error:
         message = str(error).split(": ", 1)[-1]
         raise click.BadParameter(message, param_hint=f"'{_flag(error.field)}'") from None
+    points = [(float(m.size), m.mean_s) for m, _ in rows if m.size > 0]
+    line = fit_cost_line(points) if len({c for c, _ in points}) >= 2 else None
     if as_json:
         click.echo(
             json.dumps(
                 {
                     "profile": profile_spec,
+                    "cost_model": (
+                        None
+                        if line is None
+                        else {"intercept_s": line[0], "slope_s_per_unit": line[1]}
+                    ),
                     "workers": workers,
                     "timeout_s": timeout,
                     "rate": rate,
@@ -372,4 +383,11 @@ def plan(
             str(planned.recommended_queue) if planned else "-",
             verdict,
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if line is not None:
+        console.print(
+            f"service time ~= {_fmt_seconds(line[0])} + {_fmt_seconds(line[1])} x size: "
+            f"AdmissionConfig(initial_cost_model=({line[0]:.6g}, {line[1]:.6g})) starts "
+            "admission by predicted service time from it (the cost sent: the size)"
+        )
