@@ -23,7 +23,7 @@ import uvicorn
 from sklearn.datasets import load_digits
 from starlette.applications import Starlette
 
-from loadshed.demo import DEMO_MODELS, create_demo_app, hashburn, origin
+from loadshed.demo import DEMO_MODELS, create_demo_app, digits, hashburn, origin
 from loadshed.errors import ConfigError
 from loadshed.testing import base_url, serve_config
 
@@ -138,12 +138,31 @@ async def test_digits_predicts_training_rows_and_rejects_bad_input() -> None:
             async with session.post(f"{url}/predict", data=b"{not json") as response:
                 assert response.status == 422
                 assert (await response.json())["field"] == "body"
-            async with session.post(f"{url}/predict", data=b"0" * 20_000) as response:
+            too_long = b"0" * (digits.MAX_BODY_BYTES + 1)
+            async with session.post(f"{url}/predict", data=too_long) as response:
                 assert response.status == 413
+
+            # A batch: one call for many images, answers in order.
+            batch = {"batch": [[int(v) for v in features[row]] for row in rows]}
+            async with session.post(f"{url}/predict", json=batch) as response:
+                assert response.status == 200
+                answer = await response.json()
+            assert answer["classes"] == [int(labels[row]) for row in rows]
+            assert len(answer["probabilities"]) == len(rows)
+            bad_batches: list[tuple[Any, str]] = [
+                ({"batch": []}, "batch"),
+                ({"batch": [[0] * 64] * (digits.MAX_BATCH + 1)}, "batch"),
+                ({"batch": [[0] * 64, [0] * 63]}, "batch[1]"),
+                ({"batch": [[0] * 64, [0] * 7 + [None] + [0] * 56]}, "batch[1][7]"),
+            ]
+            for payload, field in bad_batches:
+                async with session.post(f"{url}/predict", json=payload) as response:
+                    assert response.status == 422, field
+                    assert (await response.json())["field"] == field
 
             status, stats, _ = await get_json(session, f"{url}/admin/stats")
             assert status == 200
-            assert stats["completed"] == len(rows)
+            assert stats["completed"] == len(rows) + 1
             assert stats["workers"] == 2
             status, health, _ = await get_json(session, f"{url}/health")
             assert (status, health["model"], health["start_method"]) == (
