@@ -328,6 +328,15 @@ def main() -> int:
             f"{median(variant, 'rows_per_s'):.0f} | {median(variant, 'timeouts'):.0f} | "
             f"{refusals} | {other:.0f} | {median(variant, 'driver_late_p99_ms'):.1f} |"
         )
+    lines += ["", "Every run (goodput share; the server's limit at the end; fitted a, b):", ""]
+    for variant in ("aware", "blind"):
+        for number, run in enumerate(results[variant], 1):
+            g = run["server_at_end"]
+            lines.append(
+                f"- {variant} {number}: {run['goodput_share']:.2f}; limit {g.get('limit', 0):g}; "
+                f"a {1000 * g.get('cost_model_intercept_seconds', math.nan):.2f} ms, "
+                f"b {1e6 * g.get('cost_model_slope_seconds', math.nan):.1f} us/row"
+            )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
