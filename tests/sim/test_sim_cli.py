@@ -32,6 +32,8 @@ def test_paradox_json_is_byte_identical_for_a_seed() -> None:
 def test_paradox_none_vs_fixed_from_the_command_line() -> None:
     _, none = _run([*PARADOX_SHORT, "--limit", "none", "--json"])
     _, fixed = _run([*PARADOX_SHORT, "--limit", "fixed", "--limit-value", "1", "--json"])
+    _, spec = _run([*PARADOX_SHORT, "--limit", "fixed:1", "--json"])
+    assert json.loads(spec) == json.loads(fixed)  # fixed:N is --limit fixed --limit-value N
     none_steps = json.loads(none)["steps"]
     fixed_steps = json.loads(fixed)["steps"]
     assert json.loads(fixed)["limit"] == "fixed:1"
@@ -100,6 +102,8 @@ def test_fleet_runs_and_prints_a_table() -> None:
         (["simulate", "paradox", "--timeout", "0.5ms"], "--timeout"),
         (["simulate", "paradox", "--clients", "64:1"], "--clients"),
         (["simulate", "paradox", "--limit", "fixed"], "--limit-value"),
+        (["simulate", "paradox", "--limit", "fixed:0"], "--limit"),
+        (["simulate", "paradox", "--limit", "fixed:2", "--limit-value", "3"], "--limit-value"),
         (["simulate", "paradox", "--limit-value", "0"], "--limit-value"),
         (["simulate", "paradox", "--service-time", "0"], "--service-time"),
         (["simulate", "paradox", "--origin-queue", "-1"], "--origin-queue"),

@@ -83,16 +83,16 @@ def limiter_options(command: F) -> F:
     options = [
         click.option(
             "--limit",
-            type=click.Choice(SIM_LIMITS),
             default="little",
             show_default=True,
-            help="Limit algorithm of each replica's limiter; none: no limiter at all.",
+            help=f"Limit algorithm of each replica's limiter: {'|'.join(SIM_LIMITS)}:N "
+            "(or fixed with --limit-value); none: no limiter at all.",
         ),
         click.option(
             "--limit-value",
             type=click.IntRange(min=1),
             default=None,
-            help="The limit for --limit fixed.",
+            help="The limit for --limit fixed (same as --limit fixed:N).",
         ),
         click.option(
             "--max-queue",

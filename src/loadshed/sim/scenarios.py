@@ -61,9 +61,15 @@ class LimiterConfig:
     def __post_init__(self) -> None:
         name, _, value = self.limit.partition(":")
         if name not in SIM_LIMITS:
-            raise ConfigError("limit", f"got {self.limit!r}, allowed: {'|'.join(SIM_LIMITS)}")
+            raise ConfigError(
+                "limit", f"got {self.limit!r}, allowed: {'|'.join(SIM_LIMITS)}:N (or fixed)"
+            )
         if name == "fixed" and not value and self.limit_value is None:
             raise ConfigError("limit_value", "required with --limit fixed (an integer >= 1)")
+        if value and self.limit_value is not None:
+            raise ConfigError(
+                "limit_value", f"give the value in --limit {self.limit} or here, not both"
+            )
         if value and name != "fixed":
             raise ConfigError("limit", f"only fixed takes a value, got {self.limit!r}")
         if self.limit_value is not None and self.limit_value < 1:
