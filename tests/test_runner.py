@@ -726,3 +726,24 @@ async def test_live_workers_follow_crashes_and_replacements(tmp_path: Path) -> N
     await runner.close()
     assert runner.live_workers == 0
     assert seen == [1, 2]
+
+
+def payload_size(data: bytes, seconds: float) -> int:
+    time.sleep(seconds)
+    return len(data)
+
+
+def test_large_jobs_under_uvloop_never_corrupt_the_pipe() -> None:
+    """uvloop's add_reader puts the pipe in non-blocking mode; a job larger than the
+    socket buffer was then written in part (BlockingIOError after a partial write), the
+    worker waited forever for the rest, and every later job with it. Jobs of 1 MiB, sent
+    while the worker is busy and while it reads, must all come back."""
+    uvloop = pytest.importorskip("uvloop")
+    sizes = [(1 << 20) + i for i in range(12)]
+
+    async def main() -> list[int]:
+        async with ModelRunner(payload_size, workers=1, mp_context="fork") as runner:
+            calls = [runner.run(b"x" * size, 0.005) for size in sizes]
+            return await asyncio.wait_for(asyncio.gather(*calls), timeout=30)
+
+    assert uvloop.run(main()) == sizes

@@ -949,6 +949,13 @@ class ModelRunner(Generic[R]):
         finally:
             child_conn.close()
         loop.add_reader(parent_conn.fileno(), self._on_readable, worker)
+        # uvloop (libuv) puts a watched descriptor in non-blocking mode. The pipe's
+        # Connection writes a message in a loop of blocking writes: non-blocking, a job
+        # larger than the free socket buffer was written in part before BlockingIOError,
+        # and the worker waited forever for the rest. Blocking again: a send waits for
+        # the worker to read (a job handed ahead is small enough to fit the buffer; a
+        # larger one goes to an idle worker, which is reading).
+        os.set_blocking(parent_conn.fileno(), True)
         loop.add_reader(worker.sentinel, self._on_exit, worker)
 
     def _on_readable(self, worker: _Worker) -> None:

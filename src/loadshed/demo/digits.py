@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
@@ -206,7 +206,11 @@ def create_app(
                 {"error": "too_large", "reason": f"body: at most {MAX_BODY_BYTES} bytes"},
                 status_code=413,
             )
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientDisconnect:
+            # The client left mid-upload: nobody reads the answer (nginx's 499).
+            return JSONResponse({"error": "client_closed_request"}, status_code=499)
         if len(raw) > MAX_BODY_BYTES:
             return JSONResponse(
                 {"error": "too_large", "reason": f"body: at most {MAX_BODY_BYTES} bytes"},
