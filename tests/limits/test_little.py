@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from limit_feeds import feed_fifo_origin
 from loadshed.limits.base import Sample
 from loadshed.limits.knee import fit_knee
 from loadshed.limits.little import Little
@@ -15,27 +16,6 @@ from loadshed.sim.scenarios import (
     run_fleet,
     run_paradox,
 )
-
-
-def feed_fifo_origin(little: Little, *, workers: int, service: float, seconds: float) -> None:
-    """Drive ``little`` with a saturated FIFO origin of ``workers`` constant-time workers.
-
-    Demand always exceeds the limit (queued > 0), so each freed slot is refilled at
-    once; latency is the wait for a worker plus the service time.
-    """
-    now = 0.0
-    worker_free = [0.0] * workers
-    inflight: list[tuple[float, float, int]] = []  # (completion, admitted, inflight at admit)
-    while now < seconds:
-        while len(inflight) < little.limit:
-            start = max(now, min(worker_free))
-            slot = worker_free.index(min(worker_free))
-            worker_free[slot] = start + service
-            inflight.append((start + service, now, len(inflight) + 1))
-        inflight.sort()
-        done, admitted, level = inflight.pop(0)
-        now = done
-        little.update(Sample(rtt=done - admitted, inflight=level, dropped=False, now=now, queued=5))
 
 
 @pytest.mark.parametrize("workers", [1, 7, 32])
@@ -175,10 +155,9 @@ def test_a_limit_whose_admitted_requests_are_mostly_dropped_comes_down_and_stays
     # 8, yet the limit must come down within a few rounds and not climb back while
     # most of what it admits is computed for nobody.
     little = Little()
-    feed_fifo_origin(little, workers=8, service=0.1, seconds=30)
+    now = feed_fifo_origin(little, workers=8, service=0.1, seconds=30, settle=True)
     start = little.limit
     assert 7 <= start <= 9 and little.estimate() >= 7
-    now = 30.0
     limits = []
     for i in range(400):  # 5 s at 80 completions a second
         now += 0.0125

@@ -51,6 +51,23 @@ def test_no_deadline_flag_reaches_the_clients() -> None:
     assert json.loads(without)["deadlines"] is False
 
 
+def test_dispatch_delay_idles_a_worker_with_nothing_handed_ahead() -> None:
+    args = [
+        "simulate", "paradox", "--service-time", "25ms", "--clients", "4", "--duration", "10s",
+        "--no-deadline", "--json",
+    ]  # fmt: skip
+    _, plain = _run([*args, "--limit", "fixed:1"])
+    code, slowed = _run([*args, "--limit", "fixed:1", "--dispatch-delay", "5ms"])
+    _, ahead = _run([*args, "--limit", "fixed:2", "--dispatch-delay", "5ms"])
+    assert code == 0, slowed
+    assert json.loads(slowed)["settings"]["dispatch_delay_s"] == 0.005
+    ratio = json.loads(slowed)["steps"][0]["goodput_ratio"]
+    # one worker idles 5 ms per 25 ms job at a limit of 1; a job held ahead hides it
+    assert ratio == pytest.approx(25 / 30, abs=0.02)
+    assert json.loads(plain)["steps"][0]["goodput_ratio"] > 0.98
+    assert json.loads(ahead)["steps"][0]["goodput_ratio"] > 0.98
+
+
 def test_workers_to_changes_the_capacity_and_keeps_the_service_time() -> None:
     code, output = _run(
         [
@@ -111,6 +128,8 @@ def test_fleet_runs_and_prints_a_table() -> None:
         (["simulate", "capacity-change", "--change-at", "10m"], "--change-at"),
         (["simulate", "capacity-change", "--discipline", "random"], "--discipline"),
         (["simulate", "capacity-change", "--workers-to", "0"], "--workers-to"),
+        (["simulate", "capacity-change", "--dispatch-delay", "-1ms"], "--dispatch-delay"),
+        (["simulate", "paradox", "--dispatch-delay", "soon"], "--dispatch-delay"),
         (["simulate", "fleet", "--replicas", "0"], "--replicas"),
         (["simulate", "fleet", "--balancer", "sticky"], "--balancer"),
         (["simulate", "fleet", "--slow-fraction", "2"], "--slow-fraction"),

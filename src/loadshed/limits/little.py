@@ -28,6 +28,7 @@ from collections import deque
 
 from loadshed.checks import check_int, check_number
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
+from loadshed.limits.headroom import HeadroomTrial, TrialVerdict
 from loadshed.limits.knee import fit_knee
 
 __all__ = ["Little"]
@@ -62,6 +63,10 @@ _LEVEL_RISE = 1.1  # a level this much slower than those below it (and significa
 _RATE_PRECISION = 0.05
 _RATE_WINDOW_MAX = 1024  # requests: the widest rate window
 _RATE_WINDOWS = 3  # windows the rate maximum spans at least (in requests: 3 x a window)
+# Headroom (loadshed.limits.headroom): slots beyond the estimate that keep a job handed
+# ahead to each worker, kept only while a trial shows they pay.
+_TRIAL_FIRST = 2  # x cycle_rounds of cruise before the first trial
+_TRIAL_LONGEST = 64  # x cycle_rounds: the longest interval between trials
 
 
 class _State(enum.Enum):
@@ -175,6 +180,13 @@ class Little(LimitAlgorithm):
         # Per in-flight level: [count, latency sum], both decayed each round.
         self._level_stats: dict[int, list[float]] = {}
         self._latency_weight = 0.0  # requests behind the unqueued mean (decayed)
+        # Headroom: slots over the estimate a trial showed to add throughput.
+        self._headroom = 0
+        self._trial: HeadroomTrial | None = None
+        self._trial_rounds = 0  # cruise rounds since the last trial
+        self._trial_interval = _TRIAL_FIRST * cycle_rounds
+        self._trial_grow = True  # the next trial tries one slot more (else: one less)
+        self._trial_growing = True  # the trial running tries one slot more
 
     @property
     def limit(self) -> int:
@@ -201,6 +213,12 @@ class Little(LimitAlgorithm):
         return _VARIABLE_STARTUP_ROUND if self._state is _State.STARTUP else _VARIABLE_ROUND
 
     @property
+    def headroom(self) -> int:
+        """Slots kept over the estimate because a trial showed they add throughput
+        (a job handed ahead to a worker; see ``loadshed.limits.headroom``)."""
+        return self._headroom
+
+    @property
     def variable(self) -> bool:
         """True while service times vary widely and means replace minima."""
         return self._variable
@@ -222,7 +240,8 @@ class Little(LimitAlgorithm):
         return (
             f"little(limit={self._limit}, rate_max={self._rate_max:.2f}/s, "
             f"latency_min={self._latency_min:.4f}s, {self._state.value}"
-            f"{', variable' if self._variable else ''})"
+            f"{', variable' if self._variable else ''}"
+            f"{f', headroom={self._headroom}' if self._headroom else ''})"
         )
 
     # ---------------------------------------------------------------- samples
@@ -234,6 +253,13 @@ class Little(LimitAlgorithm):
             self._round_start = now - rtt - 1e-9  # the first round starts with the first request
         # Only requests admitted during this round show the effect of its limit.
         in_round = now - rtt > self._round_start
+        trial = self._trial
+        if trial is not None:
+            verdict = trial.record(now, sample.dropped, sample.queued)
+            if verdict is TrialVerdict.RUNNING:
+                self._limit = trial.limit
+            else:
+                self._end_trial(verdict)
         if sample.queued > 0:
             self._round_saturated = True  # demand beyond the limit right now
         dropped = sample.dropped
@@ -326,7 +352,7 @@ class Little(LimitAlgorithm):
         bdp = self.estimate()
         if bdp <= 0:
             return
-        base = self._slots(bdp)
+        base = self._slots(bdp) + self._headroom
         if self._limit > base + 1:
             if self._state in (_State.STARTUP, _State.PROBE):
                 self._enter_drain()
@@ -381,7 +407,13 @@ class Little(LimitAlgorithm):
         measuring = saturated or queue_formed
         if latency < math.inf or measuring:
             # App-limited rounds carry the estimate: a quiet period is no evidence.
-            self._rounds.append((rate if measuring else max(rate, self._rate_max), latency))
+            # Over the estimate (headroom, a trial) the jobs held ahead queue: such a
+            # round's latency may lower the minimum, never raise it (the estimate
+            # would ratify the headroom and grow with it).
+            floor = latency
+            if self._headroom or self._trial is not None:
+                floor = min(latency, self._latency_min)
+            self._rounds.append((rate if measuring else max(rate, self._rate_max), floor))
         # A round that queued adds no latency to the unqueued mean.
         self._observe_spread(
             {} if variable and queue_formed else levels,
@@ -424,6 +456,9 @@ class Little(LimitAlgorithm):
             # a drain after it can still tell a slower service from a queue.
             self._previous_round_latency = latency
         bdp = self._refresh_filters()
+        if self._trial is not None:
+            self._limit = self._trial.limit  # the trial holds the limit (drops end it)
+            return
         if drops > successes:
             self._back_off_most_dropped(successes, bdp)
             return
@@ -448,6 +483,7 @@ class Little(LimitAlgorithm):
         the rounds of the faster past, rates and latencies together, and keep the
         concurrency: the workers are the same, only slower."""
         workers = self._slots(self.estimate())
+        self._drop_headroom()
         self._rounds.clear()
         self._rounds.append((workers / latency, latency))
         if self._variable:
@@ -466,10 +502,10 @@ class Little(LimitAlgorithm):
             self._rate_max = max(r for r, _ in self._rounds)
             self._latency_min = min(lat for _, lat in self._rounds)
         bdp = self.estimate()
-        self._cut_threshold = _SAMPLE_QUEUE_RISE * self._latency_min
+        self._cut_threshold = _SAMPLE_QUEUE_RISE * self._queue_free_latency()
         # _cut_if_queued acts only above this limit; known here, where the filters move,
         # so a run of slow samples does not recompute it each time.
-        self._cut_above = self._slots(bdp) + 1 if bdp > 0 else 0
+        self._cut_above = self._slots(bdp) + self._headroom + 1 if bdp > 0 else 0
         if self._variable:
             # One slow request is the service's tail, not a queue: rounds judge.
             self._cut_threshold = math.inf
@@ -481,6 +517,7 @@ class Little(LimitAlgorithm):
         includes a queue the limit made would ratify it (rate x queued latency = the
         limit). The backed-off limit holds as a ceiling until a probe shows more
         throughput from more slots."""
+        self._drop_headroom()
         backed_off = math.floor(self._limit * self.backoff)
         if bdp > 0:
             backed_off = min(backed_off, self._base(bdp))
@@ -500,6 +537,7 @@ class Little(LimitAlgorithm):
         if (
             measuring
             and not self._variable
+            and not self._headroom  # a headroom slot adds little by design: no verdict
             and 0 < self._limit < self._cruise_limit
             and self._cruise_rate > 0
         ):
@@ -526,7 +564,14 @@ class Little(LimitAlgorithm):
         elif self._cruise_rounds >= self._probe_interval and not overloaded:
             self._enter_probe(own_rate, bdp)
         else:
+            if overloaded and self._headroom:
+                # Requests dropped: clients may not wait for the job held ahead.
+                self._headroom -= 1
+            self._trial_rounds += 1
             self._limit = self._clamp(self._base(bdp))
+            due = self._trial_rounds >= self._trial_interval
+            if due and not overloaded and not self._variable:
+                self._start_trial()
 
     def _queue_formed(self, latency: float, round_mean: float, completed: int) -> bool:
         """Did the round's requests queue somewhere (at the origin, behind our back)?
@@ -538,7 +583,7 @@ class Little(LimitAlgorithm):
         and the baseline both.
         """
         if not self._variable:
-            return latency < math.inf and latency > _QUEUE_RISE * self._latency_min
+            return latency < math.inf and latency > _QUEUE_RISE * self._queue_free_latency()
         se = (
             self._latency_sd * math.sqrt(1 / completed + 1 / self._latency_weight)
             if completed and self._latency_weight > 0
@@ -624,6 +669,7 @@ class Little(LimitAlgorithm):
             # Minima undercount the workers: measure again with means from start-up,
             # which doubles the limit at once (the minima left it far too low).
             self._variable = True
+            self._drop_headroom()
             self._state = _State.STARTUP
             self._startup_best_rate = 0.0
             self._startup_stalls = 0
@@ -768,7 +814,64 @@ class Little(LimitAlgorithm):
             base = max(1, math.ceil(bdp))
             if self._knee is not None:
                 base = max(base, self._knee)
-        return base if self._ceiling is None else min(base, self._ceiling)
+        if self._ceiling is not None:
+            base = min(base, self._ceiling)
+        return base + self._headroom
+
+    # --------------------------------------------------------------- headroom
+
+    def _queue_free_latency(self) -> float:
+        """The latency a request sees with no queue but the headroom's: the minimum
+        latency, plus the jobs held ahead shared among the estimated workers."""
+        if not self._headroom:
+            return self._latency_min
+        bdp = self.estimate()
+        workers = self._slots(bdp) if bdp > 0 else 1
+        return self._latency_min * (1.0 + self._headroom / workers)
+
+    def _start_trial(self) -> None:
+        """Compare the limit with one slot more, or (every other trial while there is
+        headroom, and always at its cap) one slot less."""
+        self._trial_rounds = 0
+        limit = self._limit
+        # At most as many slots ahead as workers (twice the estimate, as BBR's cwnd).
+        growing = self._trial_grow and self._headroom < self._slots(self.estimate())
+        if not growing and not self._headroom:
+            return
+        low, high = (limit, limit + 1) if growing else (limit - 1, limit)
+        if low < self.min_limit or high > self.max_limit:
+            return
+        self._trial_growing = growing
+        self._trial = HeadroomTrial(low, high)
+        self._limit = self._trial.limit
+
+    def _end_trial(self, verdict: TrialVerdict) -> None:
+        """Keep or give up a slot of headroom after a trial's verdict."""
+        self._trial = None
+        grow = self._trial_growing
+        longer = min(2 * self._trial_interval, _TRIAL_LONGEST * self.cycle_rounds)
+        if verdict is TrialVerdict.GAIN:
+            if grow:
+                self._headroom += 1
+                self._trial_interval = _TRIAL_FIRST * self.cycle_rounds
+            else:
+                self._trial_interval = longer
+            self._trial_grow = True
+        else:
+            if not grow and verdict is not TrialVerdict.UNSATURATED:
+                self._headroom -= 1  # the slot no longer pays (or clients left)
+            self._trial_interval = longer
+            # After a failed attempt to grow, the next trial checks the headroom held.
+            self._trial_grow = not (grow and self._headroom)
+        bdp = self.estimate()
+        if bdp > 0:
+            self._limit = self._clamp(self._base(bdp))
+
+    def _drop_headroom(self) -> None:
+        """Overload or a changed service: no slots ahead, and trials start afresh."""
+        self._headroom = 0
+        self._trial = None
+        self._trial_grow = True
 
     def _enter_probe(self, rate: float, bdp: float) -> None:
         self._state = _State.PROBE

@@ -167,6 +167,15 @@ def service_options(workers: int, service_time: str, dist: str) -> Callable[[F],
                 show_default=True,
                 help="Log-space spread of the lognormal distribution.",
             ),
+            click.option(
+                "--dispatch-delay",
+                type=DURATION,
+                default="0",
+                show_default=True,
+                help="Server time between admitting a request and a worker receiving it "
+                "(parsing, the pipe to a worker process); a worker with no job waiting "
+                "idles this long between jobs.",
+            ),
         ]
         for option in reversed(options):
             command = option(command)

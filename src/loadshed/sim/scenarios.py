@@ -130,6 +130,11 @@ def _check_positive(field: str, value: float) -> None:
         raise ConfigError(field, f"must be > 0, got {value}")
 
 
+def _check_dispatch(value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ConfigError("dispatch_delay", f"must be >= 0 seconds, got {value}")
+
+
 def _round(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else round(value, digits)
 
@@ -202,9 +207,11 @@ class ParadoxScenario:
     duration: float = 30.0
     origin_queue: int | None = None
     seed: int = 1
+    dispatch_delay: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive("duration", self.duration)
+        _check_dispatch(self.dispatch_delay)
         if self.workers < 1:
             raise ConfigError("workers", f"must be >= 1, got {self.workers}")
         if not self.clients or min(self.clients) < 1:
@@ -229,6 +236,7 @@ class ParadoxScenario:
                 admission=self.limiter.build(engine),
                 one_way=config.one_way,
                 origin_queue=self.origin_queue,
+                dispatch=self.dispatch_delay,
             )
             recorder = Recorder([Phase("run", 0.0, self.duration)])
             ClosedLoop(engine, replica, config, recorder, clients=count, stop=self.duration)
@@ -252,6 +260,7 @@ class ParadoxScenario:
                 "timeout_s": self.timeout,
                 "think_s": self.think,
                 "rtt_s": self.rtt,
+                "dispatch_delay_s": self.dispatch_delay,
                 "duration_s": self.duration,
                 "origin_queue": self.origin_queue,
                 "max_queue": self.limiter.max_queue,
@@ -331,9 +340,11 @@ class CapacityChangeScenario:
     cost_dist: str | None = None
     cost_fixed: float = 0.1
     cost_blind: bool = False
+    dispatch_delay: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive("duration", self.duration)
+        _check_dispatch(self.dispatch_delay)
         self.costs  # noqa: B018 (validates cost_dist and cost_fixed now)
         if self.workers < 1:
             raise ConfigError("workers", f"must be >= 1, got {self.workers}")
@@ -386,6 +397,7 @@ class CapacityChangeScenario:
             one_way=config.one_way,
             origin_queue=self.origin_queue,
             cost_aware=costs is not None and not self.cost_blind,
+            dispatch=self.dispatch_delay,
         )
         if self.workers_to is not None:
             engine.at(change, replica.origin.set_workers, self.workers_to)
@@ -463,6 +475,7 @@ class CapacityChangeScenario:
                 "client_workers": self.client_workers,
                 "timeout_s": self.timeout,
                 "rtt_s": self.rtt,
+                "dispatch_delay_s": self.dispatch_delay,
                 "duration_s": self.duration,
                 "origin_queue": self.origin_queue,
                 "max_queue": self.limiter.max_queue,
@@ -521,9 +534,11 @@ class FleetScenario:
     origin_queue: int | None = None
     duration: float = 60.0
     seed: int = 1
+    dispatch_delay: float = 0.0
 
     def __post_init__(self) -> None:
         _check_positive("duration", self.duration)
+        _check_dispatch(self.dispatch_delay)
         if self.replicas < 1:
             raise ConfigError("replicas", f"must be >= 1, got {self.replicas}")
         if self.workers < 1:
@@ -597,6 +612,7 @@ class FleetScenario:
                 one_way=config.one_way,
                 origin_queue=origin_queue,
                 index=index,
+                dispatch=self.dispatch_delay,
             )
             for index in range(replicas)
         ]
@@ -678,6 +694,7 @@ class FleetScenario:
                 "timeout_s": timeout,
                 "retries": retries,
                 "rtt_s": rtt,
+                "dispatch_delay_s": self.dispatch_delay,
                 "duration_s": duration,
                 "origin_queue": origin_queue,
                 "max_queue": limiter.max_queue,

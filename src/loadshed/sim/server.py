@@ -32,7 +32,11 @@ class Replica:
 
     ``admission`` None is the unprotected baseline (``--limit none``): every request
     goes straight to the origin's own queue. ``one_way`` is half the network round
-    trip, added to every response on its way back to the client.
+    trip, added to every response on its way back to the client. ``dispatch`` is the
+    server's own time between admitting a request and a worker receiving it (parsing,
+    serialisation, the pipe to a worker process): a worker with no job waiting at the
+    origin idles that long between jobs, as a ``ModelRunner`` worker does with nothing
+    handed ahead.
     """
 
     __slots__ = (
@@ -42,6 +46,7 @@ class Replica:
         "_now",
         "admission",
         "cost_aware",
+        "dispatch",
         "index",
         "limit_trace",
         "on_outstanding",
@@ -61,6 +66,7 @@ class Replica:
         origin_queue: int | None = None,
         index: int = 0,
         cost_aware: bool = False,
+        dispatch: float = 0.0,
     ) -> None:
         self._engine = engine
         self._now = engine.clock.now
@@ -69,6 +75,7 @@ class Replica:
         self.cost_aware = cost_aware
         """Tell the limiter each request's cost (False: cost-blind, as without costs)."""
         self.one_way = one_way
+        self.dispatch = dispatch
         self.index = index
         self.outstanding = 0
         """Requests at this replica not yet answered (what a balancer counts)."""
@@ -94,7 +101,7 @@ class Replica:
             self.on_outstanding(self, self.outstanding - 1)
         admission = self.admission
         if admission is None:
-            self.origin.start(request)
+            self._dispatch(request)
             return
         try:
             result = admission.submit(
@@ -112,7 +119,7 @@ class Replica:
         if isinstance(result, Token):
             # admitted at once: neither the queue nor the limit changed
             request.token = result
-            self.origin.start(request)
+            self._dispatch(request)
         else:
             request.ticket = result
             self._after_change()
@@ -123,7 +130,14 @@ class Replica:
         """A queued request was admitted: start it at the origin."""
         request.ticket = None
         request.token = token
-        self.origin.start(request)
+        self._dispatch(request)
+
+    def _dispatch(self, request: Request) -> None:
+        """Hand an admitted request to the origin, ``dispatch`` seconds from now."""
+        if self.dispatch > 0:
+            self._engine.after(self.dispatch, self.origin.start, request)
+        else:
+            self.origin.start(request)
 
     def evicted(self, request: Request) -> None:
         """A queued request was refused later (queue timeout, deadline, priority)."""

@@ -1,0 +1,135 @@
+"""Headroom: a slot over the estimate kept only while it measurably adds throughput
+(a job handed ahead to a worker). The trial alone on crafted completions, then
+``Little`` on a saturated origin with and without a dispatch overhead, and the
+simulator's closed loop that retries at once (issue 13's case), all in virtual time."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from limit_feeds import feed_fifo_origin
+from loadshed.limits.base import Sample
+from loadshed.limits.headroom import HeadroomTrial, TrialVerdict
+from loadshed.limits.little import Little
+from loadshed.sim.scenarios import LimiterConfig, ParadoxScenario, ServiceConfig
+
+
+def run_trial(trial: HeadroomTrial, gap_at: dict[int, float], jitter: float = 0.0) -> TrialVerdict:
+    """Complete requests one gap apart, the gap set by the trial's current limit."""
+    rng = random.Random(3)
+    now = 0.0
+    for _ in range(10_000):
+        now += gap_at[trial.limit] * (1 + jitter * rng.uniform(-1, 1))
+        verdict = trial.record(now, dropped=False, queued=3)
+        if verdict is not TrialVerdict.RUNNING:
+            return verdict
+    raise AssertionError("the trial never ended")
+
+
+def test_a_clear_gain_wins_the_trial() -> None:
+    assert run_trial(HeadroomTrial(1, 2), {1: 0.026, 2: 0.025}) is TrialVerdict.GAIN
+
+
+def test_no_gain_loses_it() -> None:
+    assert run_trial(HeadroomTrial(1, 2), {1: 0.025, 2: 0.025}) is TrialVerdict.NO_GAIN
+
+
+def test_a_gain_below_the_minimum_loses_however_clear() -> None:
+    assert run_trial(HeadroomTrial(4, 5), {4: 0.0101, 5: 0.0100}) is TrialVerdict.NO_GAIN
+
+
+def test_a_gain_lost_in_the_noise_loses() -> None:
+    # 4 % on average, but gaps that vary +-60 %: the windows (at most 128) cannot tell
+    trial = HeadroomTrial(1, 2)
+    assert run_trial(trial, {1: 0.026, 2: 0.025}, jitter=0.6) is TrialVerdict.NO_GAIN
+    assert trial.window == trial.max_window  # sized by the spread, up to the cap
+
+
+def test_windows_grow_with_the_spread_the_first_one_measured() -> None:
+    quiet, noisy = HeadroomTrial(1, 2), HeadroomTrial(1, 2)
+    assert run_trial(quiet, {1: 0.026, 2: 0.025}) is TrialVerdict.GAIN
+    assert run_trial(noisy, {1: 0.026, 2: 0.025}, jitter=0.15) is TrialVerdict.GAIN
+    assert quiet.window == 16 < noisy.window
+
+
+def test_a_drop_ends_the_trial_without_headroom() -> None:
+    trial = HeadroomTrial(1, 2)
+    assert trial.record(0.1, dropped=False, queued=1) is TrialVerdict.RUNNING
+    assert trial.record(0.2, dropped=True, queued=1) is TrialVerdict.DROPPED
+
+
+def test_demand_that_does_not_fill_the_limit_measures_nothing() -> None:
+    trial = HeadroomTrial(1, 2)
+    verdicts = [trial.record(0.01 * i, dropped=False, queued=0) for i in range(1, 10)]
+    assert TrialVerdict.UNSATURATED in verdicts
+
+
+def test_the_limits_must_be_ordered() -> None:
+    with pytest.raises(ValueError, match="low < high"):
+        HeadroomTrial(2, 2)
+
+
+@pytest.mark.parametrize(
+    ("workers", "service", "dispatch", "headroom"),
+    [
+        (1, 0.025, 0.001, 1),  # a 25 ms model, 1 ms to hand it the next job: 4 % idle
+        (1, 0.025, 0.0, 0),  # nothing to gain
+        (1, 0.5, 0.001, 0),  # 0.2 % to gain: not worth a queued job of latency
+        (4, 0.1, 0.0, 0),
+    ],
+)
+def test_little_keeps_a_slot_ahead_only_where_it_adds_throughput(
+    workers: int, service: float, dispatch: float, headroom: int
+) -> None:
+    little = Little()
+    feed_fifo_origin(little, workers=workers, service=service, seconds=120, dispatch=dispatch)
+    assert little.headroom == headroom, little.describe()
+    assert little.limit in (workers + headroom, workers + headroom + 1), little.describe()
+
+
+def test_headroom_never_inflates_the_estimate() -> None:
+    # The jobs held ahead queue; were their latency taken for the minimum, the
+    # estimate would grow with the headroom and the limit run away.
+    little = Little()
+    feed_fifo_origin(little, workers=1, service=0.025, seconds=300, dispatch=0.001)
+    assert little.headroom == 1
+    assert little.estimate() < 1.5
+    assert little.limit <= 3
+
+
+def test_drops_give_the_headroom_back() -> None:
+    little = Little()
+    feed_fifo_origin(little, workers=1, service=0.025, seconds=60, dispatch=0.001)
+    assert little.headroom == 1
+    now = 61.0
+    for _ in range(40):
+        now += 0.05
+        little.update(Sample(rtt=0.05, inflight=2, dropped=True, now=now, queued=3))
+    assert little.headroom == 0
+
+
+def paradox_goodput(limit: str, dispatch: float) -> float:
+    scenario = ParadoxScenario(
+        limiter=LimiterConfig(limit),
+        clients=(4,),
+        workers=1,
+        service=ServiceConfig(0.025),
+        timeout=2.0,
+        send_deadline=False,
+        duration=30.0,
+        dispatch_delay=dispatch,
+    )
+    ratio = scenario.run()["steps"][0]["goodput_ratio"]
+    assert isinstance(ratio, float)
+    return ratio
+
+
+def test_clients_that_retry_at_once_keep_the_worker_fed() -> None:
+    # Issue 13 in virtual time: a 25 ms model, 1 ms of dispatch, 4 clients that come
+    # straight back. A limit of 1 idles the worker 1 ms per job; one job ahead does not.
+    little = paradox_goodput("little", 0.001)
+    assert little >= paradox_goodput("fixed:2", 0.001) - 0.01
+    assert little > paradox_goodput("fixed:1", 0.001) + 0.02
+    assert little >= paradox_goodput("none", 0.001) - 0.01
