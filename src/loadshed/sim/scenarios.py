@@ -429,31 +429,14 @@ class CapacityChangeScenario:
         capacity_after = (
             self.workers if self.workers_to is None else self.workers_to
         ) / self.change_to
+        mean_cost = costs.mean if costs is not None else None
         steps = [
             {
-                "phase": "before",
+                "phase": phase,
                 "rate": self.rate,
-                **_step(
-                    recorder,
-                    "before",
-                    capacity_before,
-                    min(capacity_before, self.rate),
-                    [replica],
-                    costs.mean if costs is not None else None,
-                ),
-            },
-            {
-                "phase": "after",
-                "rate": self.rate,
-                **_step(
-                    recorder,
-                    "after",
-                    capacity_after,
-                    min(capacity_after, self.rate),
-                    [replica],
-                    costs.mean if costs is not None else None,
-                ),
-            },
+                **_step(recorder, phase, capacity, min(capacity, self.rate), [replica], mean_cost),
+            }
+            for phase, capacity in (("before", capacity_before), ("after", capacity_after))
         ]
         trace = replica.limit_trace
         return {
