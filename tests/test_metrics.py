@@ -14,10 +14,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from limit_feeds import feed_fifo_origin
 from loadshed.asgi import LoadShedMiddleware
 from loadshed.errors import Rejected
 from loadshed.limiter import Limiter
 from loadshed.limits.fixed import Fixed
+from loadshed.limits.little import Little
 from loadshed.metrics import LoadshedMetrics
 from loadshed.testing import serve
 
@@ -91,6 +93,18 @@ def test_track_is_idempotent_and_registry_is_private() -> None:
     )
     assert value == 1
     assert first.registry.get_sample_value("loadshed_limit", {"limiter": "a"}) == 3
+
+
+def test_headroom_is_exported_per_limiter() -> None:
+    little = Little()
+    feed_fifo_origin(little, workers=1, service=0.025, seconds=60, dispatch=0.001)
+    metrics = LoadshedMetrics()
+    metrics.track_all([Limiter(little, name="fed"), Limiter(Fixed(2), name="fixed")])
+
+    def headroom(name: str) -> float | None:
+        return metrics.registry.get_sample_value("loadshed_limit_headroom", {"limiter": name})
+
+    assert (headroom("fed"), headroom("fixed")) == (1, 0)
 
 
 def test_limiters_sharing_a_name_are_exported_once_counts_read_at_scrape_time() -> None:

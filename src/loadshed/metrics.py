@@ -7,6 +7,8 @@
 Exported, labelled by limiter name:
 - ``loadshed_limit``, ``loadshed_inflight``, ``loadshed_queue_length`` (gauges, read at
   scrape time), ``loadshed_service_time_estimate_seconds``, ``loadshed_patience_seconds``;
+- ``loadshed_limit_headroom``: slots of the limit over the algorithm's estimate, kept
+  because they add throughput (``little``'s headroom, :mod:`loadshed.limits.headroom`);
 - ``loadshed_requests_total{outcome,reason}``: outcome is success, dropped, ignored
   or rejected; reason is the rejection reason (empty otherwise); read from the
   limiter's own counters at scrape time (whole lifetime of the limiter), so counting
@@ -121,6 +123,13 @@ class _StateCollector(Collector):
             by_name.setdefault(admission.name, []).append(admission)
         gauges: list[tuple[str, str, Callable[[Admission], float | None], bool]] = [
             ("loadshed_limit", "Current concurrency limit.", lambda a: a.limit, True),
+            (
+                "loadshed_limit_headroom",
+                "Slots of the limit over the algorithm's estimate kept because they add "
+                "throughput (little: a job held ahead per worker).",
+                lambda a: a.algorithm.headroom,
+                True,
+            ),
             (
                 "loadshed_inflight",
                 "Requests admitted and not yet released.",

@@ -37,7 +37,7 @@ def test_no_gain_loses_it() -> None:
 
 
 def test_a_gain_below_the_minimum_loses_however_clear() -> None:
-    assert run_trial(HeadroomTrial(4, 5), {4: 0.0101, 5: 0.0100}) is TrialVerdict.NO_GAIN
+    assert run_trial(HeadroomTrial(4, 5), {4: 0.01005, 5: 0.0100}) is TrialVerdict.NO_GAIN
 
 
 def test_a_gain_lost_in_the_noise_loses() -> None:

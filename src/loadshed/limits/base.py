@@ -75,6 +75,12 @@ class LimitAlgorithm:
         """Fold one sample in and return the new limit."""
         raise NotImplementedError(f"{type(self).__name__} must define update()")
 
+    @property
+    def headroom(self) -> int:
+        """Slots of the limit over the algorithm's own estimate, kept because they add
+        throughput (``Little``: a job held ahead per worker); 0 for the others."""
+        return 0
+
     def check(self) -> None:
         """Make ready for use, or raise :class:`ConfigError` (field ``limit``) naming
         the members a subclass must define but does not. Admission calls it at start-up.

@@ -857,10 +857,14 @@ class Little(LimitAlgorithm):
             else:
                 self._trial_interval = longer
             self._trial_grow = True
+        elif not grow and verdict is not TrialVerdict.UNSATURATED:
+            # The slot no longer pays (or clients left): give it back, and try again
+            # soon (a check fails by chance now and then).
+            self._headroom -= 1
+            self._trial_interval = _TRIAL_FIRST * self.cycle_rounds
         else:
-            if not grow and verdict is not TrialVerdict.UNSATURATED:
-                self._headroom -= 1  # the slot no longer pays (or clients left)
             self._trial_interval = longer
+        if verdict is not TrialVerdict.GAIN:
             # After a failed attempt to grow, the next trial checks the headroom held.
             self._trial_grow = not (grow and self._headroom)
         bdp = self.estimate()
