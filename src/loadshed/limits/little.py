@@ -66,6 +66,7 @@ _RATE_WINDOWS = 3  # windows the rate maximum spans at least (in requests: 3 x a
 # Headroom (loadshed.limits.headroom): slots beyond the estimate that keep a job handed
 # ahead to each worker, kept only while a trial shows they pay.
 _TRIAL_FIRST = 2  # x cycle_rounds of cruise before the first trial
+_TRIAL_CHECK = 8  # x cycle_rounds at least before checking a slot that paid
 _TRIAL_LONGEST = 64  # x cycle_rounds: the longest interval between trials
 
 
@@ -853,9 +854,13 @@ class Little(LimitAlgorithm):
         if verdict is TrialVerdict.GAIN:
             if grow:
                 self._headroom += 1
-                self._trial_interval = _TRIAL_FIRST * self.cycle_rounds
-            else:
-                self._trial_interval = longer
+            # Growing again may soon pay; checking a slot that just paid, less so
+            # (a check holds the limit a slot lower for half its length).
+            self._trial_interval = (
+                _TRIAL_FIRST * self.cycle_rounds
+                if grow and self._headroom < self._slots(self.estimate())
+                else max(longer, _TRIAL_CHECK * self.cycle_rounds)
+            )
             self._trial_grow = True
         elif not grow and verdict is not TrialVerdict.UNSATURATED:
             # The slot no longer pays (or clients left): give it back, and try again
