@@ -53,6 +53,7 @@ _DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
 _STALE_ESTIMATES = 10.0
 _STALE_MIN_S = 1.0
 _new_sample = tuple.__new__
+_INF = math.inf
 REJECT_COUNT_KEYS: Final = {reason: f"rejected:{reason.value}" for reason in RejectReason}
 """Rejection reason -> its key in :attr:`Admission.counts`."""
 # Reading an enum member through its class costs ~70 ns on CPython 3.11 (a plain
@@ -802,9 +803,11 @@ class Admission:
                     self.wait_bound.succeeded(token.queue_wait, mean, self.algorithm.limit)
         if outcome is not _IGNORED and self._feed_algorithm:
             # tuple.__new__ builds the named tuple without its Python-level __new__.
+            deadline = token.deadline
+            slack = _INF if deadline is None else deadline - now
             sample = _new_sample(
                 Sample,
-                (service_s, token.inflight_at_admit, outcome is _DROPPED, now, self._queued),
+                (service_s, token.inflight_at_admit, outcome is _DROPPED, now, self._queued, slack),
             )
             self.algorithm.update(sample)
         if self._listeners:

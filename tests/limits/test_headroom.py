@@ -66,6 +66,17 @@ def test_demand_that_does_not_fill_the_limit_measures_nothing() -> None:
     assert TrialVerdict.UNSATURATED in verdicts
 
 
+def test_clients_with_no_room_for_a_job_more_get_no_headroom() -> None:
+    # A clear gain, but a fifth of the requests finish within 10 ms of their deadline
+    trial = HeadroomTrial(1, 2, min_slack=0.05)
+    now, verdict, count = 0.0, TrialVerdict.RUNNING, 0
+    while verdict is TrialVerdict.RUNNING:
+        now += 0.026 if trial.limit == 1 else 0.025
+        count += 1
+        verdict = trial.record(now, dropped=False, queued=3, slack=0.01 if count % 5 else 1.0)
+    assert verdict is TrialVerdict.TIGHT
+
+
 def test_the_limits_must_be_ordered() -> None:
     with pytest.raises(ValueError, match="low < high"):
         HeadroomTrial(2, 2)
@@ -110,13 +121,15 @@ def test_drops_give_the_headroom_back() -> None:
     assert little.headroom == 0
 
 
-def paradox_goodput(limit: str, dispatch: float) -> float:
+def paradox_goodput(
+    limit: str, dispatch: float, service: float = 0.025, timeout: float = 2.0
+) -> float:
     scenario = ParadoxScenario(
         limiter=LimiterConfig(limit),
         clients=(4,),
         workers=1,
-        service=ServiceConfig(0.025),
-        timeout=2.0,
+        service=ServiceConfig(service),
+        timeout=timeout,
         send_deadline=False,
         duration=30.0,
         dispatch_delay=dispatch,
@@ -133,3 +146,12 @@ def test_clients_that_retry_at_once_keep_the_worker_fed() -> None:
     assert little >= paradox_goodput("fixed:2", 0.001) - 0.01
     assert little > paradox_goodput("fixed:1", 0.001) + 0.02
     assert little >= paradox_goodput("none", 0.001) - 0.01
+
+
+def test_impatient_clients_keep_the_limit_at_the_workers() -> None:
+    # Issue 18's set-up with a dispatch trip: 50 ms of work, clients that leave after
+    # 200 ms and send no deadline. A job held ahead would cost each request 50 ms of
+    # its 200 (fixed:2: a quarter of capacity); the learned patience leaves no room.
+    little = paradox_goodput("little", 0.001, service=0.05, timeout=0.2)
+    assert little >= paradox_goodput("fixed:1", 0.001, service=0.05, timeout=0.2) - 0.005
+    assert paradox_goodput("fixed:2", 0.001, service=0.05, timeout=0.2) < 0.5

@@ -26,6 +26,8 @@ class Sample(NamedTuple):
     now: clock time at release, in seconds.
     queued: requests waiting for admission at release (0 if unknown): demand beyond
         the limit, which tells an algorithm the limit is binding.
+    slack: seconds left before the request's deadline (its own, or the clients'
+        learned patience) when it was released; inf without one.
 
     A named tuple (immutable, like a frozen dataclass) because one is built per
     released request: on CPython 3.11 a frozen dataclass took ~1 us to build, a
@@ -37,6 +39,7 @@ class Sample(NamedTuple):
     dropped: bool
     now: float
     queued: int = 0
+    slack: float = math.inf
 
 
 def check_bounds(initial: int, min_limit: int, max_limit: int) -> None:

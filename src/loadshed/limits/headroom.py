@@ -18,7 +18,10 @@ completions are the samples). Each window holds as many gaps as the first one's 
 needs for twice ``min_gain`` to stand ``z + 1`` standard errors out, between
 ``min_window`` and ``max_window``. Demand that does not fill the limit, or any
 request dropped, ends the trial without a verdict: the first says nothing of capacity,
-the second that clients will not wait for the extra job.
+the second that clients will not wait for the extra job. So does more than one
+completion in ten finishing with less than ``min_slack`` before its deadline (the
+request's own or the clients' learned patience): a job held ahead would add its
+service time to every request's latency, and these clients have no room for it.
 
 Pure: no clock, no asyncio; times come in the samples.
 """
@@ -30,6 +33,8 @@ import math
 
 __all__ = ["HeadroomTrial", "TrialVerdict"]
 
+_TIGHT_SHARE = 10  # more than 1 in this many completions short of min_slack: TIGHT
+
 
 class TrialVerdict(enum.Enum):
     """Where a trial stands after a completion."""
@@ -38,6 +43,7 @@ class TrialVerdict(enum.Enum):
     GAIN = "gain"  # the higher limit served measurably more
     NO_GAIN = "no_gain"  # it did not (or not clearly)
     DROPPED = "dropped"  # a request was dropped: clients will not wait for more
+    TIGHT = "tight"  # requests finished too close to their deadlines for a job more
     UNSATURATED = "unsaturated"  # demand did not fill the limit: nothing measured
 
 
@@ -53,11 +59,13 @@ class HeadroomTrial:
         "_last",
         "_settle",
         "_stats",
+        "_tight",
         "_unsaturated",
         "high",
         "low",
         "max_window",
         "min_gain",
+        "min_slack",
         "window",
         "z",
     )
@@ -71,6 +79,7 @@ class HeadroomTrial:
         z: float = 2.5,
         min_window: int = 16,
         max_window: int = 128,
+        min_slack: float = 0.0,
     ) -> None:
         if not 1 <= low < high:
             raise ValueError(f"need 1 <= low < high, got low={low}, high={high}")
@@ -84,6 +93,8 @@ class HeadroomTrial:
         self._settle = high  # completions to skip: those admitted under the last limit
         self._last: float | None = None  # the last counted completion's time
         self._unsaturated = 0
+        self.min_slack = min_slack
+        self._tight = 0  # counted completions with less than min_slack to spare
         # per limit (0 low, 1 high): [gaps, sum, sum of squares]
         self._stats = [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]
 
@@ -92,9 +103,12 @@ class HeadroomTrial:
         """The limit the current window measures."""
         return self.high if self._arm in (1, 2) else self.low
 
-    def record(self, now: float, dropped: bool, queued: int) -> TrialVerdict:
+    def record(
+        self, now: float, dropped: bool, queued: int, slack: float = math.inf
+    ) -> TrialVerdict:
         """Count one completion at time ``now`` (seconds); ``queued``: requests
-        waiting for admission then (0: demand did not fill the limit)."""
+        waiting for admission then (0: demand did not fill the limit); ``slack``:
+        seconds it had left before its deadline."""
         if dropped:
             return TrialVerdict.DROPPED
         if queued <= 0:
@@ -105,6 +119,8 @@ class HeadroomTrial:
             self._settle -= 1
             return TrialVerdict.RUNNING
         stats = self._stats[1 if self._arm in (1, 2) else 0]
+        if slack < self.min_slack:
+            self._tight += 1
         if self._last is not None:
             gap = now - self._last
             stats[0] += 1.0
@@ -137,6 +153,8 @@ class HeadroomTrial:
 
     def _verdict(self) -> TrialVerdict:
         (n_low, sum_low, sq_low), (n_high, sum_high, sq_high) = self._stats
+        if self._tight * _TIGHT_SHARE > n_low + n_high:
+            return TrialVerdict.TIGHT
         mean_low, mean_high = sum_low / n_low, sum_high / n_high
         if mean_high <= 0:
             return TrialVerdict.NO_GAIN

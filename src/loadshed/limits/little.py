@@ -256,7 +256,7 @@ class Little(LimitAlgorithm):
         in_round = now - rtt > self._round_start
         trial = self._trial
         if trial is not None:
-            verdict = trial.record(now, sample.dropped, sample.queued)
+            verdict = trial.record(now, sample.dropped, sample.queued, sample.slack)
             if verdict is TrialVerdict.RUNNING:
                 self._limit = trial.limit
             else:
@@ -468,6 +468,10 @@ class Little(LimitAlgorithm):
         # A widely varying service times out its slowest requests at any limit: only
         # a share of drops above that tail is a sign of overload.
         overloaded = drops > _VARIABLE_DROPS * (drops + successes) if variable else drops > 0
+        if overloaded:
+            # Headroom only for clients that wait: a trial needs that many rounds
+            # without drops first.
+            self._trial_rounds = 0
         if self._state is _State.STARTUP:
             self._startup_round(rate, measuring, queue_formed, overloaded, bdp)
         elif self._state is _State.DRAIN:
@@ -566,8 +570,10 @@ class Little(LimitAlgorithm):
             self._enter_probe(own_rate, bdp)
         else:
             if overloaded and self._headroom:
-                # Requests dropped: clients may not wait for the job held ahead.
+                # Requests dropped: clients may not wait for the job held ahead; try
+                # again seldom (each try costs the requests it times out).
                 self._headroom -= 1
+                self._trial_interval = _TRIAL_LONGEST * self.cycle_rounds
             self._trial_rounds += 1
             self._limit = self._clamp(self._base(bdp))
             due = self._trial_rounds >= self._trial_interval
@@ -843,7 +849,8 @@ class Little(LimitAlgorithm):
         if low < self.min_limit or high > self.max_limit:
             return
         self._trial_growing = growing
-        self._trial = HeadroomTrial(low, high)
+        # Room for one more service time of latency, and as much again for its noise.
+        self._trial = HeadroomTrial(low, high, min_slack=2 * self._latency_min)
         self._limit = self._trial.limit
 
     def _end_trial(self, verdict: TrialVerdict) -> None:
@@ -862,9 +869,13 @@ class Little(LimitAlgorithm):
                 else max(longer, _TRIAL_CHECK * self.cycle_rounds)
             )
             self._trial_grow = True
-        elif not grow and verdict is not TrialVerdict.UNSATURATED:
-            # The slot no longer pays (or clients left): give it back, and try again
-            # soon (a check fails by chance now and then).
+        elif verdict is TrialVerdict.DROPPED or verdict is TrialVerdict.TIGHT:
+            # Clients that will not wait for a job more: give it back, try seldom.
+            self._headroom -= 0 if grow else 1
+            self._trial_interval = _TRIAL_LONGEST * self.cycle_rounds
+        elif not grow and verdict is TrialVerdict.NO_GAIN:
+            # The slot no longer pays: give it back, and try again soon (a check
+            # fails by chance now and then).
             self._headroom -= 1
             self._trial_interval = _TRIAL_FIRST * self.cycle_rounds
         else:
