@@ -123,4 +123,4 @@ def test_the_proxy_and_the_simulator_use_the_same_config() -> None:
 
 def test_one_registry_of_limit_names() -> None:
     assert ("none", *LIMIT_NAMES) == SIM_LIMITS
-    assert LIMIT_SPECS == "little|aimd|vegas|gradient2|gradient|fixed:N"
+    assert LIMIT_SPECS == "little|little+headroom|aimd|vegas|gradient2|gradient|fixed:N"

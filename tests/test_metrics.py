@@ -96,7 +96,7 @@ def test_track_is_idempotent_and_registry_is_private() -> None:
 
 
 def test_headroom_is_exported_per_limiter() -> None:
-    little = Little()
+    little = Little(headroom=True)
     feed_fifo_origin(little, workers=1, service=0.025, seconds=60, dispatch=0.001)
     metrics = LoadshedMetrics()
     metrics.track_all([Limiter(little, name="fed"), Limiter(Fixed(2), name="fixed")])

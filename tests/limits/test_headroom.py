@@ -10,6 +10,7 @@ import random
 import pytest
 
 from limit_feeds import feed_fifo_origin
+from loadshed.errors import ConfigError
 from loadshed.limits.base import Sample
 from loadshed.limits.headroom import HeadroomTrial, TrialVerdict
 from loadshed.limits.little import Little
@@ -94,7 +95,7 @@ def test_the_limits_must_be_ordered() -> None:
 def test_little_keeps_a_slot_ahead_only_where_it_adds_throughput(
     workers: int, service: float, dispatch: float, headroom: int
 ) -> None:
-    little = Little()
+    little = Little(headroom=True)
     feed_fifo_origin(little, workers=workers, service=service, seconds=120, dispatch=dispatch)
     assert little.headroom == headroom, little.describe()
     assert little.limit in (workers + headroom, workers + headroom + 1), little.describe()
@@ -103,7 +104,7 @@ def test_little_keeps_a_slot_ahead_only_where_it_adds_throughput(
 def test_headroom_never_inflates_the_estimate() -> None:
     # The jobs held ahead queue; were their latency taken for the minimum, the
     # estimate would grow with the headroom and the limit run away.
-    little = Little()
+    little = Little(headroom=True)
     feed_fifo_origin(little, workers=1, service=0.025, seconds=300, dispatch=0.001)
     assert little.headroom == 1
     assert little.estimate() < 1.5
@@ -111,7 +112,7 @@ def test_headroom_never_inflates_the_estimate() -> None:
 
 
 def test_drops_give_the_headroom_back() -> None:
-    little = Little()
+    little = Little(headroom=True)
     feed_fifo_origin(little, workers=1, service=0.025, seconds=60, dispatch=0.001)
     assert little.headroom == 1
     now = 61.0
@@ -142,7 +143,7 @@ def paradox_goodput(
 def test_clients_that_retry_at_once_keep_the_worker_fed() -> None:
     # Issue 13 in virtual time: a 25 ms model, 1 ms of dispatch, 4 clients that come
     # straight back. A limit of 1 idles the worker 1 ms per job; one job ahead does not.
-    little = paradox_goodput("little", 0.001)
+    little = paradox_goodput("little+headroom", 0.001)
     assert little >= paradox_goodput("fixed:2", 0.001) - 0.01
     assert little > paradox_goodput("fixed:1", 0.001) + 0.02
     assert little >= paradox_goodput("none", 0.001) - 0.01
@@ -152,6 +153,19 @@ def test_impatient_clients_keep_the_limit_at_the_workers() -> None:
     # Issue 18's set-up with a dispatch trip: 50 ms of work, clients that leave after
     # 200 ms and send no deadline. A job held ahead would cost each request 50 ms of
     # its 200 (fixed:2: a quarter of capacity); the learned patience leaves no room.
-    little = paradox_goodput("little", 0.001, service=0.05, timeout=0.2)
+    little = paradox_goodput("little+headroom", 0.001, service=0.05, timeout=0.2)
     assert little >= paradox_goodput("fixed:1", 0.001, service=0.05, timeout=0.2) - 0.005
     assert paradox_goodput("fixed:2", 0.001, service=0.05, timeout=0.2) < 0.5
+
+
+def test_headroom_is_off_by_default() -> None:
+    little = Little()
+    feed_fifo_origin(little, workers=1, service=0.025, seconds=60, dispatch=0.001)
+    assert (little.headroom, little.limit) == (0, 1)
+    # without it, the worker idles the dispatch trip after each job, as at fixed:1
+    assert paradox_goodput("little", 0.001) < paradox_goodput("little+headroom", 0.001) - 0.02
+
+
+def test_headroom_must_be_a_bool() -> None:
+    with pytest.raises(ConfigError, match="headroom"):
+        Little(headroom="yes")  # type: ignore[arg-type]

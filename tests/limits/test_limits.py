@@ -77,7 +77,15 @@ def test_make_limit_returns_an_instance_unchanged() -> None:
 
 
 def test_limit_names_cover_the_factory() -> None:
-    assert set(LIMIT_NAMES) == {"little", "aimd", "vegas", "gradient2", "gradient", "fixed"}
+    assert set(LIMIT_NAMES) == {
+        "little",
+        "little+headroom",
+        "aimd",
+        "vegas",
+        "gradient2",
+        "gradient",
+        "fixed",
+    }
     for name in LIMIT_NAMES:
         make_limit("fixed:1" if name == "fixed" else name)
 
@@ -108,7 +116,7 @@ def test_make_limit_rejects_bad_specs_naming_allowed_values(spec: object) -> Non
     with pytest.raises(ConfigError) as info:
         make_limit(spec)  # type: ignore[arg-type]
     assert info.value.field == "limit"
-    assert "little|aimd|vegas|gradient2|gradient|fixed:N" in str(info.value)
+    assert "little|little+headroom|aimd|vegas|gradient2|gradient|fixed:N" in str(info.value)
     assert "\n" not in str(info.value)
 
 

@@ -21,7 +21,11 @@ pytestmark = pytest.mark.timeout(30)
 @pytest.mark.parametrize(
     ("args", "flag", "allowed"),
     [
-        (["--limit", "turbo"], "--limit", "little|aimd|vegas|gradient2|gradient|fixed:N"),
+        (
+            ["--limit", "turbo"],
+            "--limit",
+            "little|little+headroom|aimd|vegas|gradient2|gradient|fixed:N",
+        ),
         (["--limit", "fixed:0"], "--limit", "fixed:N"),
         (["--upstream", "not-a-url"], "--upstream", "http://"),
         (["--upstream", "ftp://host:21"], "--upstream", "http://"),

@@ -1,7 +1,7 @@
 """Concurrency-limit algorithms: pure classes that turn samples into a limit.
 
-``make_limit(spec)`` builds one from a name (``little``, ``aimd``, ``vegas``,
-``gradient2``, ``gradient``, ``fixed:N``), an int (a fixed limit), or returns a
+``make_limit(spec)`` builds one from a name (``little``, ``little+headroom``, ``aimd``,
+``vegas``, ``gradient2``, ``gradient``, ``fixed:N``), an int (a fixed limit), or returns a
 :class:`LimitAlgorithm` instance unchanged. Named algorithms get loadshed's defaults
 for model endpoints; each peer class also has ``published()`` with the peer's own.
 :class:`WorkerCount` (a runner's live worker count) has no name: it is built by
@@ -42,6 +42,7 @@ __all__ = [
 
 _FACTORIES: dict[str, Callable[[], LimitAlgorithm]] = {
     "little": Little,
+    "little+headroom": lambda: Little(headroom=True),
     "aimd": AIMD,
     "vegas": Vegas,
     "gradient2": Gradient2,
@@ -68,7 +69,8 @@ def _fixed(count: int, spec: object) -> Fixed:
 def make_limit(spec: str | int | LimitAlgorithm) -> LimitAlgorithm:
     """Build a limit algorithm from ``spec``.
 
-    ``spec`` is a name (``little|aimd|vegas|gradient2|gradient``, case-insensitive),
+    ``spec`` is a name (``little|little+headroom|aimd|vegas|gradient2|gradient``,
+    case-insensitive),
     ``fixed:N`` or a plain integer ``N`` (a fixed limit of N >= 1), or an existing
     :class:`LimitAlgorithm`, returned as is. Each call returns a new instance, since
     algorithms hold state. Raises :class:`ConfigError` (field ``limit``) naming the

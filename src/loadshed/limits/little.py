@@ -27,6 +27,7 @@ import math
 from collections import deque
 
 from loadshed.checks import check_int, check_number
+from loadshed.errors import ConfigError
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
 from loadshed.limits.headroom import HeadroomTrial, TrialVerdict
 from loadshed.limits.knee import fit_knee
@@ -88,6 +89,11 @@ class Little(LimitAlgorithm):
     measuring rounds starting with one extra slot (the extra request waits a
     fraction of a service time), drains at 0.875, filters over 10 rounds, rounds of
     at least 10 ms.
+
+    ``headroom=True`` (the ``little+headroom`` limit) also keeps a slot or more over
+    the estimate while trials show it adds throughput (``loadshed.limits.headroom``):
+    for a fast model whose worker waits an event-loop trip for each next job. Off by
+    default: with clients whose patience is tight it can cost goodput (docs/limits.md).
     """
 
     name = "little"
@@ -117,6 +123,7 @@ class Little(LimitAlgorithm):
         filter_rounds: int = 10,
         min_round: float = 0.01,
         backoff: float = 0.9,
+        headroom: bool = False,
     ) -> None:
         check_bounds(initial_limit, min_limit, max_limit)
         drain_gain = check_number("drain_gain", drain_gain, minimum=0, maximum=1, min_open=True)
@@ -132,6 +139,9 @@ class Little(LimitAlgorithm):
         self.cycle_rounds = cycle_rounds
         self.min_round = min_round
         self.backoff = backoff
+        if not isinstance(headroom, bool):
+            raise ConfigError("headroom", f"must be True or False, got {headroom!r}")
+        self.headroom_trials = headroom
         self._limit = initial_limit
 
         # Per round, newest last: (delivery rate, minimum latency).
@@ -577,7 +587,7 @@ class Little(LimitAlgorithm):
             self._trial_rounds += 1
             self._limit = self._clamp(self._base(bdp))
             due = self._trial_rounds >= self._trial_interval
-            if due and not overloaded and not self._variable:
+            if due and not overloaded and not self._variable and self.headroom_trials:
                 self._start_trial()
 
     def _queue_formed(self, latency: float, round_mean: float, completed: int) -> bool:
