@@ -29,6 +29,7 @@ class SettableLimit(LimitAlgorithm):
         self.max_limit = 10_000
         self.value = limit
         self.samples: list[Sample] = []
+        self.gave_up_at: list[float] = []
 
     @property
     def limit(self) -> int:
@@ -37,6 +38,9 @@ class SettableLimit(LimitAlgorithm):
     def update(self, sample: Sample) -> int:
         self.samples.append(sample)
         return self.value
+
+    def gave_up(self, now: float) -> None:
+        self.gave_up_at.append(now)
 
 
 class Recorder:
@@ -235,6 +239,23 @@ def test_cancel_leaves_the_queue_teaches_patience_and_frees_nothing() -> None:
     assert adm.patience.samples == 1
     holder.success()
     assert rec.granted == [] and rec.rejected == []
+
+
+def test_the_algorithm_hears_of_clients_that_left_the_queue_and_of_slack() -> None:
+    adm, algorithm, clock = make(limit=1)
+    rec = Recorder()
+    holder = rec.submit(adm, "a", deadline=clock.now() + 1.0)
+    ticket = rec.submit(adm, "b")
+    assert isinstance(ticket, Ticket) and isinstance(holder, Token)
+    clock.advance(0.25)
+    adm.cancel(ticket, RejectReason.DEADLINE)  # not a client that left
+    assert algorithm.gave_up_at == []
+    ticket = rec.submit(adm, "c")
+    assert isinstance(ticket, Ticket)
+    adm.cancel(ticket)
+    assert algorithm.gave_up_at == [clock.now()]
+    holder.success()
+    assert algorithm.samples[-1].slack == pytest.approx(0.75)
 
 
 def test_lifo_serves_newest_first() -> None:

@@ -570,6 +570,8 @@ class Admission:
         if reason is RejectReason.CLIENT_GONE:
             self.patience.add(waited)
             self.wait_bound.gave_up(waited)
+            if self._feed_algorithm:
+                self.algorithm.gave_up(now)
         self._count_reject(reason, waited, ticket.cost)
         self._compact()
         return True

@@ -169,3 +169,11 @@ def test_headroom_is_off_by_default() -> None:
 def test_headroom_must_be_a_bool() -> None:
     with pytest.raises(ConfigError, match="headroom"):
         Little(headroom="yes")  # type: ignore[arg-type]
+
+
+def test_a_client_leaving_the_queue_gives_a_slot_back() -> None:
+    little = Little(headroom=True)
+    feed_fifo_origin(little, workers=1, service=0.025, seconds=60, dispatch=0.001)
+    assert (little.headroom, little.limit) == (1, 2)
+    little.gave_up(61.0)
+    assert (little.headroom, little.limit) == (0, 1)

@@ -78,6 +78,11 @@ class LimitAlgorithm:
         """Fold one sample in and return the new limit."""
         raise NotImplementedError(f"{type(self).__name__} must define update()")
 
+    def gave_up(self, now: float) -> None:
+        """A client left while its request waited for admission (never admitted, so
+        no sample): its patience was shorter than the queue. ``now`` is the clock time.
+        The default ignores it."""
+
     @property
     def headroom(self) -> int:
         """Slots of the limit over the algorithm's own estimate, kept because they add

@@ -837,6 +837,21 @@ class Little(LimitAlgorithm):
 
     # --------------------------------------------------------------- headroom
 
+    def gave_up(self, now: float) -> None:
+        """A client left while queued: the latency a job held ahead adds is more
+        than these clients will wait. End a trial, give a slot back, try seldom."""
+        if not self.headroom_trials:
+            return
+        self._trial_rounds = 0
+        if self._trial is not None:
+            self._end_trial(TrialVerdict.DROPPED)
+        elif self._headroom:
+            self._headroom -= 1
+            self._trial_interval = _TRIAL_LONGEST * self.cycle_rounds
+            bdp = self.estimate()
+            if bdp > 0:
+                self._limit = self._clamp(self._base(bdp))
+
     def _queue_free_latency(self) -> float:
         """The latency a request sees with no queue but the headroom's: the minimum
         latency, plus the jobs held ahead shared among the estimated workers."""
