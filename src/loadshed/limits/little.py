@@ -580,10 +580,7 @@ class Little(LimitAlgorithm):
             self._enter_probe(own_rate, bdp)
         else:
             if overloaded and self._headroom:
-                # Requests dropped: clients may not wait for the job held ahead; try
-                # again seldom (each try costs the requests it times out).
-                self._headroom -= 1
-                self._trial_interval = _TRIAL_LONGEST * self.cycle_rounds
+                self._impatient_clients(give_back=True)  # requests dropped
             self._trial_rounds += 1
             self._limit = self._clamp(self._base(bdp))
             due = self._trial_rounds >= self._trial_interval
@@ -846,11 +843,17 @@ class Little(LimitAlgorithm):
         if self._trial is not None:
             self._end_trial(TrialVerdict.DROPPED)
         elif self._headroom:
-            self._headroom -= 1
-            self._trial_interval = _TRIAL_LONGEST * self.cycle_rounds
+            self._impatient_clients(give_back=True)
             bdp = self.estimate()
             if bdp > 0:
                 self._limit = self._clamp(self._base(bdp))
+
+    def _impatient_clients(self, *, give_back: bool) -> None:
+        """Clients that will not wait for a job more: give a slot of headroom back
+        (``give_back``) and try again seldom (each try times some of them out)."""
+        if give_back and self._headroom:
+            self._headroom -= 1
+        self._trial_interval = _TRIAL_LONGEST * self.cycle_rounds
 
     def _queue_free_latency(self) -> float:
         """The latency a request sees with no queue but the headroom's: the minimum
@@ -895,9 +898,7 @@ class Little(LimitAlgorithm):
             )
             self._trial_grow = True
         elif verdict is TrialVerdict.DROPPED or verdict is TrialVerdict.TIGHT:
-            # Clients that will not wait for a job more: give it back, try seldom.
-            self._headroom -= 0 if grow else 1
-            self._trial_interval = _TRIAL_LONGEST * self.cycle_rounds
+            self._impatient_clients(give_back=not grow)
         elif not grow and verdict is TrialVerdict.NO_GAIN:
             # The slot no longer pays: give it back, and try again soon (a check
             # fails by chance now and then).
