@@ -37,6 +37,7 @@ __all__ = ["Little"]
 _STARTUP_GAIN = 2.0
 _STARTUP_GROWTH = 1.25
 _STARTUP_STALL_ROUNDS = 3
+_STARTUP_SATURATED = 0.8  # a round's completions under this x its slots' share: saturated
 _QUEUE_RISE = 1.5  # round latency over this x the minimum: requests queued somewhere
 _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut now
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
@@ -108,6 +109,7 @@ class Little(LimitAlgorithm):
     # in-flight level -> [count, latency sum, squared successive differences, their count]
     _round_levels: dict[int, list[float]]
     _round_completed: int  # successes, whenever admitted
+    _round_ended: int  # every request that ended in the round (served or dropped)
     _round_count_sum: float  # completions seen during the round's requests' lives
     _round_rtt_sum: float
     _round_max_inflight: int  # the most in flight at any counted request's admission
@@ -160,6 +162,11 @@ class Little(LimitAlgorithm):
         self._state = _State.STARTUP
         self._startup_best_rate = 0.0
         self._startup_stalls = 0
+        # Variable start-up: completions and slot-seconds (limit x round length) over
+        # the rounds where every slot still served (see _variable_startup_round).
+        self._startup_ended = 0.0
+        self._startup_slot_time = 0.0
+        self._startup_confirming = False  # a round read saturated: one more to confirm
         self._cruise_rounds = 0
         self._probe_interval = cycle_rounds
         self._probe_step = 1
@@ -168,6 +175,9 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
+        # Variable service: slots a probe (or start-up) showed to serve, held until the
+        # estimate, slow to follow with noisy rates, reaches them or a queue shows.
+        self._floor = 0
         self._drain_from = _State.STARTUP  # the state the last drain began in
         self._knee: int | None = None  # the last fit's knee (see _fold_levels)
         # Variable service (see the module docstring): the delivery rate of each
@@ -175,12 +185,14 @@ class Little(LimitAlgorithm):
         # differences, their count, latency sum, count) at unqueued levels over
         # twice as many rounds, for the spread.
         self._variable = False
-        self._vrates: deque[tuple[float, float]] = deque()  # (pooled rate, requests)
+        # (pooled rate, requests, the unqueued mean latency then; inf: not yet known)
+        self._vrates: deque[tuple[float, float, float]] = deque()
         self._vrates_count = 0.0  # requests in the windows of _vrates
         self._filter_rounds = filter_rounds
         self._spread: deque[tuple[float, float, float, float]] = deque(maxlen=2 * filter_rounds)
         self._spread_totals = [0.0, 0.0, 0.0, 0.0]
         self._vrate_max = 0.0
+        self._vbdp_max = 0.0  # the largest rate x latency of a window (the estimate)
         self._latency_mean = math.inf
         self._latency_sd = 0.0
         self._cut_threshold = math.inf
@@ -240,9 +252,8 @@ class Little(LimitAlgorithm):
         With widely varying service times: pooled rate max x mean unqueued latency.
         """
         if self._variable:
-            if self._vrate_max <= 0 or self._latency_mean == math.inf:
-                return 0.0
-            return self._vrate_max * self._latency_mean
+            bdp = self._vbdp_max
+            return bdp if 0 < bdp < math.inf else 0.0
         if self._rate_max <= 0 or self._latency_min == math.inf:
             return 0.0
         return self._rate_max * self._latency_min
@@ -264,6 +275,7 @@ class Little(LimitAlgorithm):
             self._round_start = now - rtt - 1e-9  # the first round starts with the first request
         # Only requests admitted during this round show the effect of its limit.
         in_round = now - rtt > self._round_start
+        self._round_ended += 1
         trial = self._trial
         if trial is not None:
             verdict = trial.record(now, sample.dropped, sample.queued, sample.slack)
@@ -382,6 +394,7 @@ class Little(LimitAlgorithm):
         self._round_saturated = False
         self._round_levels = {}
         self._round_completed = 0
+        self._round_ended = 0
         self._round_count_sum = 0.0
         self._round_rtt_sum = 0.0
         self._round_max_inflight = 0
@@ -397,6 +410,8 @@ class Little(LimitAlgorithm):
         count_sum, rtt_sum = self._round_count_sum, self._round_rtt_sum
         pooled_rate = count_sum / rtt_sum if rtt_sum > 0 else 0.0
         completed = self._round_completed
+        ended, round_limit = self._round_ended, self._limit
+        duration = now - self._round_start
         round_mean = self._round_rtt_sum / completed if completed else math.inf
         if self._state is _State.STARTUP and completed and rtt_sum > 0:
             # Little's law bounds any rate the round can show: throughput = mean in
@@ -482,7 +497,9 @@ class Little(LimitAlgorithm):
             # Headroom only for clients that wait: a trial needs that many rounds
             # without drops first.
             self._trial_rounds = 0
-        if self._state is _State.STARTUP:
+        if self._state is _State.STARTUP and variable:
+            self._variable_startup_round(measuring, ended, round_limit, duration)
+        elif self._state is _State.STARTUP:
             self._startup_round(rate, measuring, queue_formed, overloaded, bdp)
         elif self._state is _State.DRAIN:
             self._drain_round(own_rate, measuring, bdp)
@@ -499,16 +516,17 @@ class Little(LimitAlgorithm):
         concurrency: the workers are the same, only slower."""
         workers = self._slots(self.estimate())
         self._drop_headroom()
+        self._floor = 0
         self._rounds.clear()
         self._rounds.append((workers / latency, latency))
         if self._variable:
             self._vrates.clear()
             self._vrates_count = 0.0
-            self._push_rate(workers / latency, 0.0)
+            self._previous_rate_parts = (0.0, 0.0, 0.0)  # a window half in the past
             self._latency_mean = latency
+            self._push_rate(workers / latency, 0.0)
             self._level_stats.clear()
             self._latency_weight = 0.0
-            self._vrate_max = workers / latency
 
     def _refresh_filters(self) -> float:
         """Recompute the rate maximum and latency minimum over the rounds kept, and the
@@ -533,6 +551,7 @@ class Little(LimitAlgorithm):
         limit). The backed-off limit holds as a ceiling until a probe shows more
         throughput from more slots."""
         self._drop_headroom()
+        self._floor = 0
         backed_off = math.floor(self._limit * self.backoff)
         if bdp > 0:
             backed_off = min(backed_off, self._base(bdp))
@@ -575,6 +594,7 @@ class Little(LimitAlgorithm):
         if queue_formed:
             # Latency jumped: a queue behind our back or a slower service. A drain
             # round tells which (and whether the last slot was idle).
+            self._floor = 0
             self._enter_drain()
         elif self._cruise_rounds >= self._probe_interval and not overloaded:
             self._enter_probe(own_rate, bdp)
@@ -661,7 +681,11 @@ class Little(LimitAlgorithm):
             self._previous_rate_parts = (0.0, 0.0, 0.0)
             if rtt_sum > 0:
                 pooled = seen / max(rtt_sum, _MIN_INTERVAL)
-                self._push_rate(max(pooled, self._vrate_max), float(completed))
+                best = max(self._vrates, key=self._window_bdp)
+                if pooled * self._latency_mean >= self._window_bdp(best):
+                    self._push_rate(pooled, float(completed))
+                else:
+                    self._push_rate(best[0], float(completed), best[2])
         elif rtt_sum > 0 and pooled_count >= self._rate_window_need():
             pooled = (seen + previous_seen) / max(rtt_sum + previous_rtt, _MIN_INTERVAL)
             self._push_rate(pooled, float(pooled_count))
@@ -687,11 +711,14 @@ class Little(LimitAlgorithm):
             self._state = _State.STARTUP
             self._startup_best_rate = 0.0
             self._startup_stalls = 0
+            self._startup_ended = self._startup_slot_time = 0.0
+            self._startup_confirming = False
             self._ceiling = None
             self._cut_threshold = math.inf  # one slow request is the tail, not a queue
             self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         elif self._variable and cv < _VARIABLE_OFF:
             self._variable = False
+            self._floor = 0
             self._enter_cruise_if_known()
 
     def _rate_window_need(self) -> int:
@@ -708,17 +735,39 @@ class Little(LimitAlgorithm):
         need = math.ceil((cv / tolerance) ** 2)
         return max(_VARIABLE_ROUND, min(_RATE_WINDOW_MAX, need))
 
-    def _push_rate(self, rate: float, count: float) -> None:
-        """Add a rate window; forget the oldest beyond ``_RATE_WINDOWS`` windows' worth."""
+    def _window_bdp(self, window: tuple[float, float, float]) -> float:
+        """A rate window's rate x the unqueued mean latency of its time (now's if it had
+        none yet): capacity in slots. A product per window, not the largest rate x
+        today's latency: after the service slows, the faster past's rate times the
+        slower latency would count workers that do not exist."""
+        rate, _, latency = window
+        return rate * (latency if latency < math.inf else self._latency_mean)
+
+    def _refresh_vbdp(self) -> None:
+        """The maximum over the rate windows; once some are as wide as the spread needs,
+        over those only (the maximum of a few narrow windows of start-up reads a
+        noisy rate high, and would stay until wide windows push them out)."""
+        rates = list(self._vrates)
+        half = self._rate_window_need() / 2
+        wide = [w for w in rates if w[1] >= half]
+        if wide:
+            rates = wide
+        self._vrate_max = max(r for r, _, _ in rates) if rates else 0.0
+        self._vbdp_max = max(map(self._window_bdp, rates)) if rates else 0.0
+
+    def _push_rate(self, rate: float, count: float, latency: float | None = None) -> None:
+        """Add a rate window (measured while the unqueued mean latency was ``latency``,
+        by default the current one); forget the oldest beyond ``_RATE_WINDOWS`` windows'
+        worth."""
         rates = self._vrates
-        rates.append((rate, count))
+        rates.append((rate, count, self._latency_mean if latency is None else latency))
         self._vrates_count += count
         keep = max(_RATE_WINDOWS * self._rate_window_need(), self._filter_rounds * _VARIABLE_ROUND)
         while len(rates) > 2 and (
             self._vrates_count - rates[0][1] >= keep or len(rates) > 4 * self._filter_rounds
         ):
             self._vrates_count -= rates.popleft()[1]
-        self._vrate_max = max(r for r, _ in rates)
+        self._refresh_vbdp()
 
     def _fold_levels(self, levels: dict[int, list[float]]) -> None:
         """Update the latency per in-flight level and the service time below the knee.
@@ -761,6 +810,7 @@ class Little(LimitAlgorithm):
             self._latency_mean = knee.service
             self._latency_weight = knee.weight
             self._knee = knee.workers
+            self._refresh_vbdp()  # windows without a latency of their own use this one
 
     def _enter_cruise_if_known(self) -> None:
         bdp = self.estimate()
@@ -770,11 +820,9 @@ class Little(LimitAlgorithm):
     def _startup_round(
         self, rate: float, measuring: bool, queue_formed: bool, dropped: bool, bdp: float
     ) -> None:
-        # With variable service, drops without a queue at the origin are requests
-        # that waited in front of the limit past their client's patience (or the
-        # service's own tail): more slots would serve them sooner, not drop more.
-        # Only a queue ends start-up (most-dropped rounds still back off, above).
-        if queue_formed or (dropped and not self._variable):
+        """Start-up with constant service: the limit at twice the estimate while the
+        rate grows; a queue, a drop or three rounds without growth end it."""
+        if queue_formed or dropped:
             self._enter_drain()
             return
         if not measuring and self._startup_best_rate == 0:
@@ -782,16 +830,60 @@ class Little(LimitAlgorithm):
         if measuring and rate >= _STARTUP_GROWTH * self._startup_best_rate:
             self._startup_best_rate = rate
             self._startup_stalls = 0
-            latency = self._latency_mean if self._variable else self._latency_min
-            self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * latency))
+            self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * self._latency_min))
             return
-        if self._variable and measuring and self._latency_weight >= _VARIABLE_BASELINE:
-            # A noisy rate stalls by chance: double anyway while a queue would be
-            # seen (and would end start-up).
-            self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         self._startup_stalls += 1
         if self._startup_stalls >= _STARTUP_STALL_ROUNDS:
             self._enter_drain()
+
+    def _variable_startup_round(
+        self, measuring: bool, ended: int, round_limit: int, duration: float
+    ) -> None:
+        """Start-up with widely varying service: double the limit while every slot
+        still serves at the pooled rate per slot, judged on completions per second of
+        wall time (Little's law with the limit full: no survivor bias, where the
+        latencies of the requests a short round sees ended are the short ones).
+
+        A round whose completions fall significantly short of that rate times its
+        limit saturated the workers: there are about (its rate / the rate per slot)
+        of them; cruise from there.
+        """
+        if not measuring or duration <= 0:
+            self._startup_stalls += 1
+            if self._startup_best_rate > 0 and self._startup_stalls >= _STARTUP_STALL_ROUNDS:
+                self._enter_drain()
+            return
+        # The round ends on a completion: counting it reads the rate k / (k - 1) high.
+        ended -= 1
+        slot_time = round_limit * duration
+        if self._startup_slot_time > 0:
+            expected = self._startup_ended / self._startup_slot_time * slot_time
+            # Completions of W renewal processes over a window vary as the service's
+            # squared coefficient of variation times their mean (Poisson: 1).
+            mean = self._latency_mean
+            cv = self._latency_sd / mean if 0 < mean < math.inf else 1.0
+            spread = math.sqrt(expected * max(1.0, cv * cv))
+            saturated = (
+                ended < _STARTUP_SATURATED * expected and ended < expected - _VARIABLE_Z * spread
+            )
+            if saturated and not self._startup_confirming:
+                # Confirm over one more round at this limit: requests just started
+                # end at another rate than those of a full pipeline (heavy tails).
+                self._startup_confirming = True
+                return
+            if saturated:
+                # At least the slots of the round before, which all served.
+                workers = max(round_limit * ended / expected, round_limit / _STARTUP_GAIN)
+                self._state = _State.CRUISE
+                self._cruise_rounds = 0
+                self._limit = self._clamp(math.ceil(workers))
+                return
+        self._startup_ended += ended
+        self._startup_slot_time += slot_time
+        self._startup_best_rate = max(self._startup_best_rate, ended / duration)
+        self._startup_stalls = 0
+        self._startup_confirming = False
+        self._limit = self._clamp(math.ceil(_STARTUP_GAIN * round_limit))
 
     def _probe_round(self, rate: float, dropped: bool, bdp: float) -> None:
         extra = self._limit - self._probe_base_limit
@@ -799,6 +891,8 @@ class Little(LimitAlgorithm):
         if not dropped and rate >= self._probe_base_rate + _PROBE_SUCCESS * expected:
             # The extra slots were used: there is more capacity. Probe further.
             self._ceiling = None
+            if self._variable:
+                self._floor = self._limit  # held until the estimate follows (_base)
             self._probe_base_limit = self._limit
             self._probe_base_rate = rate
             self._probe_step *= 2
@@ -826,6 +920,10 @@ class Little(LimitAlgorithm):
         base = self._slots(bdp)
         if self._variable and math.isfinite(bdp):
             base = max(1, math.ceil(bdp))
+            if self._floor >= base:
+                base = self._floor
+            else:
+                self._floor = 0  # the estimate has caught up
             if self._knee is not None:
                 base = max(base, self._knee)
         if self._ceiling is not None:
