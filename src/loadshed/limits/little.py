@@ -822,12 +822,13 @@ class Little(LimitAlgorithm):
     ) -> None:
         """Start-up with constant service: the limit at twice the estimate while the
         rate grows; a queue, a drop or three rounds without growth end it."""
-        if queue_formed or dropped:
+        grew = measuring and rate >= _STARTUP_GROWTH * self._startup_best_rate
+        if (queue_formed and not grew) or dropped:
             self._enter_drain()
             return
         if not measuring and self._startup_best_rate == 0:
             return  # nothing measured yet: keep the initial limit, stay in start-up
-        if measuring and rate >= _STARTUP_GROWTH * self._startup_best_rate:
+        if grew:
             self._startup_best_rate = rate
             self._startup_stalls = 0
             self._limit = self._clamp(math.ceil(_STARTUP_GAIN * rate * self._latency_min))
