@@ -12,8 +12,9 @@ the rate grows, ``cruise`` follows the estimate, ``probe`` adds slots to look fo
 capacity, ``drain`` removes some to empty any queue and tell a queue from a slower
 model. Guards bring it down when it runs over the estimate or most admitted requests
 are dropped. When service times vary widely, means replace minima: the unqueued mean
-latency from a fit of latency against in-flight level (``loadshed.limits.knee``) and a
-rate pooled over windows of rounds.
+latency from a fit of latency against in-flight level (``loadshed.limits.knee``), a
+rate pooled over windows of rounds (each window's rate x the mean latency of its time),
+and a start-up that doubles the limit while completions per slot-second hold.
 
 Every rule and default, with the reason for each: docs/limits.md, "``little``,
 loadshed's default".
@@ -175,8 +176,8 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
-        # Variable service: slots a probe (or start-up) showed to serve, held until the
-        # estimate, slow to follow with noisy rates, reaches them or a queue shows.
+        # Variable service: slots a probe showed to serve, held until the estimate, slow
+        # to follow with noisy rates, reaches them or a queue shows.
         self._floor = 0
         self._drain_from = _State.STARTUP  # the state the last drain began in
         self._knee: int | None = None  # the last fit's knee (see _fold_levels)
@@ -191,7 +192,6 @@ class Little(LimitAlgorithm):
         self._filter_rounds = filter_rounds
         self._spread: deque[tuple[float, float, float, float]] = deque(maxlen=2 * filter_rounds)
         self._spread_totals = [0.0, 0.0, 0.0, 0.0]
-        self._vrate_max = 0.0
         self._vbdp_max = 0.0  # the largest rate x latency of a window (the estimate)
         self._latency_mean = math.inf
         self._latency_sd = 0.0
@@ -752,7 +752,6 @@ class Little(LimitAlgorithm):
         wide = [w for w in rates if w[1] >= half]
         if wide:
             rates = wide
-        self._vrate_max = max(r for r, _, _ in rates) if rates else 0.0
         self._vbdp_max = max(map(self._window_bdp, rates)) if rates else 0.0
 
     def _push_rate(self, rate: float, count: float, latency: float | None = None) -> None:
