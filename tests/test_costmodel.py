@@ -3,14 +3,17 @@ virtual time."""
 
 from __future__ import annotations
 
+import math
 import random
 
+import numpy
 import pytest
 
 from loadshed.admission import Admission, Ticket, Token
 from loadshed.clock import VirtualClock
 from loadshed.config import AdmissionConfig
-from loadshed.costmodel import CostModel, check_cost
+from loadshed.costmodel import MAX_COST, CostModel, check_cost
+from loadshed.deadline import HeaderError, parse_cost
 from loadshed.errors import ConfigError, Rejected, RejectReason
 from loadshed.limits.fixed import Fixed
 from loadshed.sim.costs import CostDistribution
@@ -65,10 +68,45 @@ def test_slope_and_intercept_never_go_negative() -> None:
     assert steep.slope is not None and steep.slope > 0
 
 
-@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "3", True, None])
+@pytest.mark.parametrize(
+    "bad", [0, -1, float("nan"), float("inf"), MAX_COST * 10, 1e200, "3", True, None]
+)
 def test_a_bad_cost_is_a_config_error_naming_the_field(bad: object) -> None:
-    with pytest.raises(ConfigError, match="cost"):
+    with pytest.raises(ConfigError, match=r"^cost: must be a number in \(0, 1e\+12\]"):
         check_cost(bad)
+
+
+def test_numpy_numbers_are_costs() -> None:
+    # cost=lambda batch: mask.sum() returns a numpy integer: it is a number.
+    assert check_cost(numpy.int64(5)) == 5.0
+    assert check_cost(numpy.float32(2.5)) == 2.5
+    assert check_cost(MAX_COST) == MAX_COST
+
+
+def test_a_huge_cost_header_is_refused_and_cannot_stall_the_limiter() -> None:
+    # X-Request-Cost: 1e200 once overflowed the fit's squares inside a release: the slot
+    # was freed but the queue never dispatched again.
+    with pytest.raises(HeaderError, match="1e200"):
+        parse_cost("1e200")
+    model = CostModel(min_samples=4, refit_every=1)
+    for cost in (1.0, MAX_COST, 2.0, MAX_COST, 3.0):
+        model.add(cost, cost * 1e-9 + 0.01)
+    prediction = model.predict(MAX_COST)
+    assert prediction is not None and math.isfinite(prediction)
+
+
+def test_retry_after_stays_within_an_hour_whatever_is_queued() -> None:
+    clock = VirtualClock()
+    adm = Admission(Fixed(1), clock)
+    _warm(adm, clock, 0.0, 0.01)
+    adm.try_acquire(cost=1)
+    # The largest cost queued: 1e10 s of predicted work (it was a 306-digit header, and
+    # with two of them in a queue an infinite one that failed the refusal with a 500).
+    adm.submit(cost=MAX_COST, on_grant=lambda _: None, on_reject=lambda _: None)
+    assert adm.retry_after() == 3600.0
+    with pytest.raises(Rejected) as info:
+        adm.submit(cost=MAX_COST, on_grant=lambda _: None, on_reject=lambda _: None)
+    assert info.value.retry_after == 3600.0
 
 
 def test_a_starting_model_is_validated_and_used_until_fitted() -> None:

@@ -47,6 +47,7 @@ _LIFO: Final = Discipline.LIFO
 _CODEL: Final = Discipline.CODEL
 _PRIORITIES = tuple(Priority)  # most critical first
 _DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
+_MAX_RETRY_AFTER = 3600.0  # seconds: a Retry-After beyond an hour says nothing more
 # A request that the service-time estimate says cannot finish is still admitted, as a
 # probe, when no success was seen for this many estimates (and at least _STALE_MIN_S):
 # only a request that runs can refresh an estimate that a slow spell left too high.
@@ -386,6 +387,8 @@ class Admission:
             seconds = (work + service) / (limit if limit > 1 else 1)
         else:
             seconds = (self._queued + 1) / (limit if limit > 1 else 1) * service
+        if seconds > _MAX_RETRY_AFTER:
+            return _MAX_RETRY_AFTER
         return seconds if seconds > 0.001 else 0.001
 
     def client_gave_up(self, waited: float) -> None:

@@ -27,13 +27,14 @@ Pure: costs and times come in as arguments; no clock, no asyncio.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
 from collections.abc import Sequence
 
 from loadshed.checks import check_int
 from loadshed.errors import ConfigError
 
-__all__ = ["CostModel", "check_cost", "fit_cost_line"]
+__all__ = ["MAX_COST", "CostModel", "check_cost", "fit_cost_line"]
 
 _TRIM_SDS = 3.0  # residuals beyond this many robust standard deviations are dropped
 _MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample, in standard deviations
@@ -42,13 +43,20 @@ _HIGH_QUANTILE = 0.9
 _MIN_COST_CV = 0.05
 
 
+# The largest cost a request may carry: far beyond any batch or prompt, and small enough
+# that the fit's squares and sums stay finite (a cost of 1e200 overflowed them, and one
+# header could then stall a limiter).
+MAX_COST = 1e12
+
+
 def check_cost(cost: object, field: str = "cost") -> float:
-    """A request cost as a float: finite and > 0; else :class:`ConfigError` naming ``field``."""
-    if isinstance(cost, bool) or not isinstance(cost, (int, float)):
-        raise ConfigError(field, f"must be a number > 0, got {cost!r}")
+    """A request cost as a float in (0, :data:`MAX_COST`]; else :class:`ConfigError`
+    naming ``field``. Any real number type is taken (``int``, ``float``, numpy's)."""
+    if isinstance(cost, bool) or not isinstance(cost, numbers.Real):
+        raise ConfigError(field, f"must be a number in (0, {MAX_COST:g}], got {cost!r}")
     value = float(cost)
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(field, f"must be a finite number > 0, got {cost!r}")
+    if not (0 < value <= MAX_COST):  # also rejects nan and inf
+        raise ConfigError(field, f"must be a number in (0, {MAX_COST:g}], got {cost!r}")
     return value
 
 

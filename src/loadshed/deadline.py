@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 
+from loadshed.costmodel import MAX_COST
 from loadshed.errors import ConfigError, LoadshedError, Priority
 
 __all__ = [
@@ -54,13 +55,14 @@ def parse_grpc_timeout(value: str, header: str = "grpc-timeout") -> float:
 
 
 def parse_cost(value: str, header: str = "x-request-cost") -> float:
-    """Parse a request cost, a finite number > 0 (e.g. ``"256"``); raise HeaderError otherwise."""
+    """Parse a request cost, a number in (0, ``MAX_COST``] (e.g. ``"256"``); raise
+    HeaderError otherwise."""
     try:
         cost = float(value.strip())
     except ValueError:
         cost = math.nan
-    if not (0 < cost < math.inf):  # also rejects nan
-        raise HeaderError(header, value, "a finite number > 0, e.g. 256")
+    if not (0 < cost <= MAX_COST):  # also rejects nan and inf
+        raise HeaderError(header, value, f"a number in (0, {MAX_COST:g}], e.g. 256")
     return cost
 
 
