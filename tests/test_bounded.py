@@ -537,3 +537,6 @@ async def test_a_bad_cost_is_raised_like_a_source_error() -> None:
             [x async for x in results]
     with pytest.raises(ConfigError, match="cost"):
         bounded_map(work, [1], cost=3)  # type: ignore[arg-type]
+    # An adaptive limit counts calls; with costs the limit is a budget of cost.
+    with pytest.raises(ConfigError, match=r"^concurrency: with cost= must be an int"):
+        bounded_map(work, [1], concurrency="aimd", cost=float)

@@ -76,6 +76,15 @@ def test_a_bad_cost_is_a_config_error_naming_the_field(bad: object) -> None:
         check_cost(bad)
 
 
+def test_one_outlier_among_identical_times_is_trimmed() -> None:
+    # A robust spread of 0 (times identical but one) trimmed nothing: 0.072 s for 0.010.
+    model = CostModel(min_samples=16, refit_every=1)
+    for _ in range(15):
+        model.add(10.0, 0.010)
+    model.add(10.0, 1.0)
+    assert model.predict(10.0) == pytest.approx(0.010)
+
+
 def test_numpy_numbers_are_costs() -> None:
     # cost=lambda batch: mask.sum() returns a numpy integer: it is a number.
     assert check_cost(numpy.int64(5)) == 5.0

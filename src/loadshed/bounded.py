@@ -105,6 +105,14 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
             raise ConfigError(
                 "cost", f"must be a callable input -> cost, got {type(cost).__name__}"
             )
+        if cost is not None and self._algorithm is not None:
+            # An adaptive limit is fed calls in flight; with costs the limit bounds
+            # cost in flight: every input would "exceed" a limit of ~20 calls.
+            raise ConfigError(
+                "concurrency",
+                "with cost= must be an int >= 1 (the cost in flight), not an adaptive "
+                f"limit, got {self._algorithm.describe()}",
+            )
         self._cost_fn = cost
         self._costs: dict[asyncio.Future[Any], float] = {}
         self._inflight_cost = 0.0

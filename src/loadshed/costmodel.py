@@ -165,6 +165,9 @@ class CostModel:
         residuals = sorted(t - (line[0] + line[1] * c) for c, t in points)
         middle = residuals[len(residuals) // 2]
         spread = sorted(abs(r - middle) for r in residuals)[len(residuals) // 2] * _MAD_TO_SD
+        # Most times identical (a coarse clock, an even virtual one): a spread of 0 must
+        # still trim the one slow outlier, so never less than a millionth of the mean.
+        spread = max(spread, 1e-6 * sum(t for _, t in points) / len(points))
         if spread > 0:
             intercept, slope = line
             bound = _TRIM_SDS * spread
