@@ -912,14 +912,15 @@ class Little(LimitAlgorithm):
     def _base(self, bdp: float) -> int:
         """The cruise limit: the estimate, under the ceiling a drain may have found.
 
-        With variable service, rounded up: a slot too many queues a little, a slot
-        too few idles a worker, and the estimate is noisy; and at least the fitted
+        With variable service, 5 % over the estimate (one standard error of its rate)
+        and rounded up: a slot too many queues a little, a slot too few idles a worker,
+        and the estimate is noisy; at least a probe's floor; and at least the fitted
         knee: the levels up to it showed no queue, so there are at least that many
         workers (the rate, pooled for precision, is slower to show it).
         """
         base = self._slots(bdp)
         if self._variable and math.isfinite(bdp):
-            base = max(1, math.ceil(bdp))
+            base = max(1, math.ceil(bdp * (1 + _RATE_PRECISION)))
             if self._floor >= base:
                 base = self._floor
             else:
