@@ -213,13 +213,26 @@ def _trace(adm: Admission, clock: VirtualClock, costs: list[float | None]) -> li
     return out
 
 
-def test_no_cost_given_is_exactly_the_cost_blind_behaviour() -> None:
+def test_costs_change_nothing_until_the_model_is_fitted() -> None:
+    # The same 200 requests, without costs and with costs (log-uniform 1..100) under a
+    # model that cannot fit yet: every decision and Retry-After identical, and the costs
+    # only counted. (Costs drive admission only through a fitted model.)
+    rng = random.Random(3)
+    costs: list[float | None] = [math.exp(rng.uniform(0.0, math.log(100.0))) for _ in range(200)]
     clocks = VirtualClock(), VirtualClock()
     blind = Admission(Fixed(2), clocks[0], max_queue=8)
-    explicit_none = Admission(Fixed(2), clocks[1], max_queue=8)
-    plain = _trace(blind, clocks[0], [None] * 200)
-    assert plain == _trace(explicit_none, clocks[1], [None] * 200)
+    told = Admission(Fixed(2), clocks[1], max_queue=8)
+    told.cost_model = CostModel(window=1000, min_samples=1000)
+    assert _trace(blind, clocks[0], [None] * 200) == _trace(told, clocks[1], costs)
     assert blind.cost_model.samples == 0 and not blind.cost_model.fitted
+    assert told.cost_model.samples > 0 and told.cost_counts["admitted"] > 0
+    # With a model that fits, the same costs do change decisions: the check can fail.
+    clocks = VirtualClock(), VirtualClock()
+    fitted = Admission(Fixed(2), clocks[1], max_queue=8)
+    fitted.cost_model = CostModel(min_samples=4, refit_every=1)
+    assert _trace(Admission(Fixed(2), clocks[0], max_queue=8), clocks[0], [None] * 200) != (
+        _trace(fitted, clocks[1], costs)
+    )
 
 
 def test_a_simulated_run_with_costs_admitted_blind_matches_no_costs_told() -> None:
