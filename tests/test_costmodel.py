@@ -121,7 +121,8 @@ def test_retry_after_stays_within_an_hour_whatever_is_queued() -> None:
 def test_a_starting_model_is_validated_and_used_until_fitted() -> None:
     with pytest.raises(ConfigError, match="initial_cost_model"):
         AdmissionConfig(initial_cost_model=(0.1,))  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match="cost_slope"):
+    # Named as the user wrote it: the setting, then the model's own field.
+    with pytest.raises(ConfigError, match=r"^initial_cost_model: cost_slope: must be"):
         AdmissionConfig(initial_cost_model=(0.1, -1.0))
     config = AdmissionConfig(initial_cost_model=(0.01, 0.002))
     adm = Admission(Fixed(4), VirtualClock(), config=config)

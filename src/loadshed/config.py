@@ -155,7 +155,10 @@ class AdmissionConfig:
                 raise ConfigError(
                     "initial_cost_model", f"must be (intercept, slope) in seconds, got {model!r}"
                 )
-            CostModel(intercept=model[0], slope=model[1])  # validates both
+            try:
+                CostModel(intercept=model[0], slope=model[1])  # validates both
+            except ConfigError as error:  # name this setting, not the model's arguments
+                raise ConfigError("initial_cost_model", str(error)) from None
             settle("initial_cost_model", (float(model[0]), float(model[1])))
 
     def replace(self, **changes: Any) -> AdmissionConfig:

@@ -188,6 +188,8 @@ def fit_cost_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
     plan --profile`` fits its measured means with it: the starting model
     (``AdmissionConfig.initial_cost_model``)."""
     count = len(points)
+    if not count:
+        raise ValueError("fit_cost_line needs at least one (cost, seconds) point")
     mean_cost = sum(c for c, _ in points) / count
     mean_time = sum(t for _, t in points) / count
     cost_var = sum((c - mean_cost) ** 2 for c, _ in points)

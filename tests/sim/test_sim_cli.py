@@ -134,6 +134,9 @@ def test_fleet_runs_and_prints_a_table() -> None:
         (["simulate", "fleet", "--balancer", "sticky"], "--balancer"),
         (["simulate", "fleet", "--slow-fraction", "2"], "--slow-fraction"),
         (["simulate", "fleet", "--service-dist", "uniform"], "--service-dist"),
+        # Cost flags without costs were silently ignored.
+        (["simulate", "capacity-change", "--cost-blind"], "--cost-blind"),
+        (["simulate", "capacity-change", "--cost-fixed", "0.2"], "--cost-fixed"),
     ],
 )
 def test_bad_input_is_one_error_line_naming_the_flag(args: list[str], flag: str) -> None:

@@ -346,6 +346,13 @@ def capacity_change(**options: Any) -> None:
     """A capacity change: a steady rate while the model slows down mid-run (capacity 7 ->
     3.5 req/s)."""
     as_json = options.pop("as_json")
+    if options["cost_dist"] is None:
+        # Cost flags without costs would be silently ignored.
+        context = click.get_current_context()
+        for name in ("cost_fixed", "cost_blind"):
+            if context.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+                flag = "--" + name.replace("_", "-")
+                raise click.UsageError(f"{flag}: needs --cost-dist (the request costs)")
     limiter = _limiter(options)
     if options["change_to"] is None:
         options["change_to"] = options["service_time"] if options["workers_to"] is not None else 2.0
