@@ -105,6 +105,9 @@ def test_bad_cost_settings_fail_at_start() -> None:
         LoadShedMiddleware(APP, cost_header="")
     with pytest.raises(ConfigError, match="cost"):
         LoadShedMiddleware(APP, cost=42)  # type: ignore[arg-type]
+    # The same header for the cost and the deadline: the cost would never be read.
+    with pytest.raises(ConfigError, match=r"^cost_header: must differ from deadline_header"):
+        LoadShedMiddleware(APP, cost_header="X-Request-Timeout")
     with pytest.raises(ConfigError, match="--cost-header"):
         ProxyConfig(upstreams=(parse_upstream("http://127.0.0.1:1"),), cost_header="a b")
 

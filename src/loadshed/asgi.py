@@ -187,6 +187,20 @@ class LoadShedMiddleware:
                 raise ConfigError(field, f"must be a header name, got {header!r}")
         if cost_header is not None and (not isinstance(cost_header, str) or not cost_header):
             raise ConfigError("cost_header", f"must be a header name or None, got {cost_header!r}")
+        taken = {
+            header.lower(): field
+            for field, header in (
+                ("deadline_header", deadline_header),
+                ("grpc_timeout_header", grpc_timeout_header),
+                ("priority_header", priority_header),
+            )
+        }
+        if cost_header is not None and cost_header.lower() in taken:
+            # The header would be read as the other one, and the cost never.
+            raise ConfigError(
+                "cost_header",
+                f"must differ from {taken[cost_header.lower()]}, both are {cost_header!r}",
+            )
         if cost is not None and not callable(cost):
             raise ConfigError(
                 "cost", f"must be a callable scope -> cost, got {type(cost).__name__}"
