@@ -461,6 +461,10 @@ async def test_a_call_with_a_cost_sends_it_and_feeds_the_local_cost_model(
         with pytest.raises(ConfigError, match="cost"):
             await client.post("/predict", json={}, cost=0)
         model = client.limiter.admission.cost_model
-    assert [h.get("X-Request-Cost") for h in upstream.headers] == [str(r) for r in range(1, 21)]
+        # Sent exactly, whatever its size (":g" sent 1234567 as 1.23457e+06).
+        await client.post("/predict", json={}, cost=1234567)
+        await client.post("/predict", json={}, cost=2.5)
+    sent = [h.get("X-Request-Cost") for h in upstream.headers]
+    assert sent == [str(r) for r in range(1, 21)] + ["1234567", "2.5"]
     assert model.fitted
-    assert client.limiter.admission.cost_counts["completed"] == sum(range(1, 21))
+    assert client.limiter.admission.cost_counts["completed"] == sum(range(1, 21)) + 1234567 + 2.5

@@ -256,7 +256,8 @@ class AdaptiveClient:
         if priority is not Priority.DEFAULT:
             send_headers["X-Priority"] = str(priority)
         if cost is not None:
-            send_headers["X-Request-Cost"] = f"{cost:g}"
+            # Exactly (":g" kept 6 digits: 1234567 went out as 1.23457e+06).
+            send_headers["X-Request-Cost"] = str(int(cost)) if cost.is_integer() else repr(cost)
         call = _Call(
             priority=priority,
             deadline=None if budget_s is None else started + budget_s,
