@@ -849,8 +849,10 @@ class Little(LimitAlgorithm):
         of them; cruise from there.
         """
         if not measuring or duration <= 0:
+            # Demand does not fill the limit (4 clients, 6 slots after the switch
+            # doubled it): nothing more to learn here; cruise at the estimate.
             self._startup_stalls += 1
-            if self._startup_best_rate > 0 and self._startup_stalls >= _STARTUP_STALL_ROUNDS:
+            if self._startup_stalls >= _STARTUP_STALL_ROUNDS and self.estimate() > 0:
                 self._enter_drain()
             return
         # The round ends on a completion: counting it reads the rate k / (k - 1) high.
