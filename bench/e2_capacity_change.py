@@ -151,7 +151,10 @@ async def drive(
     return result
 
 
-def haproxy_config(port: int, origin_port: int, queue_timeout_ms: int) -> str:
+def haproxy_head(*defaults: str) -> str:
+    """HAProxy's ``global`` and ``defaults`` sections for a loopback bench (HTTP mode,
+    generous client/server timeouts), with ``defaults`` lines added."""
+    extra = "".join(f"    {line}\n" for line in defaults)
     return f"""global
     maxconn 4096
 defaults
@@ -159,13 +162,19 @@ defaults
     timeout connect 1s
     timeout client 60s
     timeout server 60s
-    timeout queue {queue_timeout_ms}ms
-frontend e2
+{extra}"""
+
+
+def haproxy_config(port: int, origin_port: int, queue_timeout_ms: int) -> str:
+    return (
+        haproxy_head(f"timeout queue {queue_timeout_ms}ms")
+        + f"""frontend e2
     bind 127.0.0.1:{port}
     default_backend origin
 backend origin
     server origin 127.0.0.1:{origin_port} maxconn {WORKERS}
 """
+    )
 
 
 def ensure_haproxy() -> str | None:

@@ -43,7 +43,7 @@ from typing import Any
 
 import aiohttp
 
-from e2_capacity_change import ensure_haproxy
+from e2_capacity_change import ensure_haproxy, haproxy_head
 from loadshed.sim.scenarios import LimiterConfig, run_fleet
 from proxy_procs import PYTHON, free_port, started
 
@@ -107,23 +107,17 @@ def haproxy_config(port: int, replica_ports: list[int]) -> str:
     servers = "\n".join(
         f"    server r{i} 127.0.0.1:{p} maxconn 1000" for i, p in enumerate(replica_ports)
     )
-    return f"""global
-    maxconn 4096
-defaults
-    mode http
-    timeout connect 1s
-    timeout client 60s
-    timeout server 60s
-    retries 1
-    option redispatch 1
-    retry-on 503 conn-failure
-frontend fleet
+    head = haproxy_head("retries 1", "option redispatch 1", "retry-on 503 conn-failure")
+    return (
+        head
+        + f"""frontend fleet
     bind 127.0.0.1:{port}
     default_backend replicas
 backend replicas
     balance leastconn
 {servers}
 """
+    )
 
 
 async def drive(url: str, replica_urls: list[str], settings: Settings) -> list[Outcome]:
