@@ -4,6 +4,8 @@ every change to a limit algorithm.
 
     .venv/bin/python bench/robustness.py --out bench/results/robustness.md   # 40 cells, 2 seeds
     .venv/bin/python bench/robustness.py --quick                             # 8 core cells, <1 min
+    .venv/bin/python bench/robustness.py --cells 24 --seeds 8 --algorithms little \
+        --oracle bench/results/robustness_seeds8.json   # the oracle of a saved run: ~20 s
 
 (The default's wall time on 2 cores is not measured yet: its biggest cells, 64 workers
 at 4x load, dominate; lower ``--cells`` to fit a budget.)
@@ -217,12 +219,22 @@ def _job(job: tuple[int, Cell, str, int]) -> tuple[int, str, int, float]:
 
 
 def run(
-    cells: list[Cell], algorithms: tuple[str, ...], seeds: int, jobs: int
+    cells: list[Cell],
+    algorithms: tuple[str, ...],
+    seeds: int,
+    jobs: int,
+    oracles: list[dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every algorithm and the fixed grid on every cell; one dict per cell."""
+    """Every algorithm and the fixed grid on every cell; one dict per cell.
+
+    ``oracles``: rows of an earlier run over the same cells and seeds, whose oracle
+    (and ``fixed_workers``) are taken as they are instead of sweeping the grid again.
+    """
     work = []
     for index, cell in enumerate(cells):
-        limits = list(algorithms) + [f"fixed:{n}" for n in cell.fixed_grid()]
+        limits = list(algorithms)
+        if oracles is None:
+            limits += [f"fixed:{n}" for n in cell.fixed_grid()]
         work += [(index, cell, limit, seed) for limit in limits for seed in range(1, seeds + 1)]
     # The biggest cells first, so that the pool does not end on one long job.
     work.sort(key=lambda j: -j[1].workers * j[1].load * j[1].duration / j[1].service_time)
@@ -240,9 +252,15 @@ def run(
                 )
     rows = []
     for index, cell in enumerate(cells):
-        fixed = {n: statistics.fmean(scores[(index, f"fixed:{n}")]) for n in cell.fixed_grid()}
-        best_n = max(fixed, key=lambda n: (fixed[n], -abs(n - cell.workers)))
-        oracle = fixed[best_n]
+        if oracles is None:
+            fixed = {n: statistics.fmean(scores[(index, f"fixed:{n}")]) for n in cell.fixed_grid()}
+            best_n = max(fixed, key=lambda n: (fixed[n], -abs(n - cell.workers)))
+            oracle = fixed[best_n]
+            fixed_workers = fixed.get(cell.workers, float("nan"))
+        else:
+            best_n = oracles[index]["oracle_n"]
+            oracle = oracles[index]["oracle"]
+            fixed_workers = oracles[index]["fixed_workers"]
         algos = {a: statistics.fmean(scores[(index, a)]) for a in algorithms}
         rows.append(
             {
@@ -250,7 +268,7 @@ def run(
                 "label": cell.label,
                 "oracle_n": best_n,
                 "oracle": round(oracle, 4),
-                "fixed_workers": round(fixed.get(cell.workers, float("nan")), 4),
+                "fixed_workers": round(fixed_workers, 4),
                 "goodput": {a: round(v, 4) for a, v in algos.items()},
                 "vs_oracle": {
                     a: round(v / oracle, 4) if oracle > 0 else None for a, v in algos.items()
@@ -302,6 +320,23 @@ def markdown(rows: list[dict[str, Any]], algorithms: tuple[str, ...], command: s
     return "\n".join(out) + "\n"
 
 
+def _load_oracles(path: str, cells: list[Cell], seeds: int) -> list[dict[str, Any]] | str:
+    """The rows of ``path`` in the order of ``cells``, or why they cannot be used."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+        by_cell = {Cell(**row["cell"]): row for row in saved["rows"]}
+        saved_seeds = saved["seeds"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return f"cannot read {path}: {error}"
+    if saved_seeds != seeds:
+        return f"{path} was run with --seeds {saved_seeds}, this run has {seeds}"
+    missing = [cell.label for cell in cells if cell not in by_cell]
+    if missing:
+        return f"{path} has no oracle for {len(missing)} cell(s), e.g. {missing[0]}"
+    return [by_cell[cell] for cell in cells]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", type=int, default=40, help="cells to draw (core included)")
@@ -317,6 +352,12 @@ def main() -> int:
         "--wait-ceiling",
         type=float,
         help="adaptive_wait_ceiling for every limiter, oracle included (0: one service time)",
+    )
+    parser.add_argument(
+        "--oracle",
+        metavar="JSON",
+        help="take each cell's oracle from this earlier run's JSON (same cells, same "
+        "--seeds) instead of sweeping fixed:N again: a limit change checked in seconds",
     )
     parser.add_argument("--out", help="markdown file (a .json beside it)")
     args = parser.parse_args()
@@ -338,8 +379,13 @@ def main() -> int:
         except (ValueError, IndexError):
             parser.error(f"--select: positions 0..{len(cells) - 1}, got {args.select!r}")
     seeds = 1 if args.quick else args.seeds
+    oracles = None
+    if args.oracle:
+        oracles = _load_oracles(args.oracle, cells, seeds)
+        if isinstance(oracles, str):
+            parser.error(f"--oracle: {oracles}")
     started = time.perf_counter()
-    rows = run(cells, algorithms, seeds, args.jobs)
+    rows = run(cells, algorithms, seeds, args.jobs, oracles)
     command = "python bench/robustness.py " + " ".join(sys.argv[1:])
     text = markdown(rows, algorithms, command.strip())
     print(text)

@@ -168,6 +168,7 @@ class Little(LimitAlgorithm):
         self._startup_ended = 0.0
         self._startup_slot_time = 0.0
         self._startup_confirming = False  # a round read saturated: one more to confirm
+        self._startup_knee_seen = False  # the last round's fit put the knee under half
         self._cruise_rounds = 0
         self._probe_interval = cycle_rounds
         self._probe_step = 1
@@ -713,6 +714,7 @@ class Little(LimitAlgorithm):
             self._startup_stalls = 0
             self._startup_ended = self._startup_slot_time = 0.0
             self._startup_confirming = False
+            self._startup_knee_seen = False
             self._ceiling = None
             self._cut_threshold = math.inf  # one slow request is the tail, not a queue
             self._limit = self._clamp(_STARTUP_GAIN * self._limit)
@@ -855,6 +857,18 @@ class Little(LimitAlgorithm):
             if self._startup_stalls >= _STARTUP_STALL_ROUNDS and self.estimate() > 0:
                 self._enter_drain()
             return
+        knee = self._knee
+        if knee is not None and round_limit >= _STARTUP_GAIN * knee and self.estimate() > 0:
+            # The levels show requests queueing above the knee, the limit has doubled
+            # past it, and the round before showed it too (an early fit of a few
+            # requests finds a knee by chance): rounds of a few completions (one
+            # slow worker) could take the whole run to show the same as a short round.
+            if self._startup_knee_seen:
+                self._enter_cruise(self.estimate())
+                return
+            self._startup_knee_seen = True
+        else:
+            self._startup_knee_seen = False
         # The round ends on a completion: counting it reads the rate k / (k - 1) high.
         ended -= 1
         slot_time = round_limit * duration
