@@ -540,3 +540,60 @@ async def test_a_bad_cost_is_raised_like_a_source_error() -> None:
     # An adaptive limit counts calls; with costs the limit is a budget of cost.
     with pytest.raises(ConfigError, match=r"^concurrency: with cost= must be an int"):
         bounded_map(work, [1], concurrency="aimd", cost=float)
+
+
+async def test_with_a_cost_the_default_max_held_counts_calls_not_cost_units() -> None:
+    # The default was twice the limit: 2,000 results held for a budget of 1,000 tokens
+    # in inputs of 100 (10 in flight). It is twice the most calls in flight at once.
+    gauge = Gauge()
+    head = asyncio.Event()
+    held: list[int] = []
+
+    async def call(index: int) -> int:
+        gauge.active += 1
+        gauge.peak = max(gauge.peak, gauge.active)
+        if index == 0:
+            await head.wait()  # the head of the line blocks; the others end at once
+        else:
+            await asyncio.sleep(0)
+        gauge.active -= 1
+        held.append(results.held)
+        return index
+
+    results = bounded_map(
+        call, gauge.source(500), concurrency=1000, ordered=True, cost=lambda _: 100.0
+    )
+    first = asyncio.ensure_future(results.__anext__())
+    for _ in range(200):  # far more loop turns than the calls need to end
+        await asyncio.sleep(0)
+    assert not first.done()
+    assert gauge.peak == 10  # the cost budget: 10 inputs of 100
+    assert results.held == 20 and gauge.pulled == 20  # the head and 19 results behind it
+    head.set()
+    out = [await first] + [index async for index in results]
+    assert out == list(range(500))
+    assert max(held) <= 20
+    # An explicit max_held is still honoured as given.
+    gauge = Gauge()
+    results = bounded_map(
+        lambda index: gauge.call(index, 0), gauge.source(100), 1000, max_held=5, cost=lambda _: 1.0
+    )
+    async with results:
+        out = []
+        async for index in results:
+            out.append(index)
+            assert results.held <= 5
+    assert sorted(out) == list(range(100))
+
+
+@pytest.mark.parametrize("bad", ["source", "cost"])
+async def test_a_failure_on_the_first_input_is_raised_not_waited_on(bad: str) -> None:
+    # Taken by the consumer's own fill with nothing running: nothing woke its wait.
+    def source() -> Iterator[int]:
+        if bad == "source":
+            raise ValueError("boom")
+        yield 0
+
+    with pytest.raises(ValueError if bad == "source" else ConfigError):
+        async with bounded_map(zero_work, source(), 10, cost=float) as results:
+            [index async for index in results]

@@ -14,8 +14,10 @@ from loadshed.clock import VirtualClock
 from loadshed.config import AdmissionConfig
 from loadshed.costmodel import MAX_COST, CostModel, check_cost
 from loadshed.deadline import HeaderError, parse_cost
-from loadshed.errors import ConfigError, Rejected, RejectReason
+from loadshed.errors import ConfigError, Priority, Rejected, RejectReason
+from loadshed.limiter import Limiter, Waiting
 from loadshed.limits.fixed import Fixed
+from loadshed.metrics import LoadshedMetrics
 from loadshed.sim.costs import CostDistribution
 from loadshed.sim.scenarios import LimiterConfig, run_capacity_change
 
@@ -279,3 +281,261 @@ def test_cost_distributions_parse_and_keep_the_mean_service_time() -> None:
             CostDistribution.parse(bad)
     with pytest.raises(ConfigError, match="cost_fixed"):
         CostDistribution.parse("uniform:1:2", fixed=1.0)
+
+
+# ------------------------------------------------ fixes from a review of issue 16
+
+
+def _feed(model: CostModel, rng: random.Random, count: int, scale: float) -> None:
+    """``count`` successes of costs 1..100 at scale x (10 ms + 1 ms x cost), +-5 %."""
+    for _ in range(count):
+        cost = rng.uniform(1, 100)
+        model.add(cost, scale * (0.01 + 0.001 * cost) * rng.uniform(0.95, 1.05))
+
+
+def test_isolated_slow_samples_still_move_nothing() -> None:
+    rng = random.Random(9)
+    model = CostModel()
+    _feed(model, rng, 200, 1.0)
+    before = model.predict(50)
+    assert before is not None
+    model.add(50.0, 1000.0)  # one huge sample
+    _feed(model, rng, 7, 1.0)
+    for _ in range(3):  # then 3 slow in every 8 (fewer than half): outliers, trimmed
+        for _ in range(3):
+            model.add(50.0, 2.0)
+        _feed(model, rng, 5, 1.0)
+    assert model.samples == 64
+    assert model.predict(50) == pytest.approx(before, rel=0.03)
+    high = model.high(50)
+    assert high is not None and high < 1.1 * before
+    # Refitted at every sample: one slow sample is trimmed.
+    single = CostModel(min_samples=8, refit_every=1)
+    for cost in range(1, 21):
+        single.add(float(cost), 0.01 * cost)
+    single.add(10.0, 50.0)
+    single.add(11.0, 0.11)
+    assert single.predict(10) == pytest.approx(0.1)
+
+
+def test_refit_every_is_honoured_when_min_samples_is_the_window() -> None:
+    # count == min_samples held for every sample once the window was full: a fit on
+    # every success.
+    rng = random.Random(11)
+    model = CostModel(window=16, min_samples=16, refit_every=8)
+    fits: list[int] = []
+    slope: float | None = None
+    for index in range(1, 65):
+        cost = rng.uniform(1, 100)
+        model.add(cost, (0.01 + 0.001 * cost) * rng.uniform(0.9, 1.1))
+        if model.slope != slope:
+            fits.append(index)
+            slope = model.slope
+    assert fits == [16, 24, 32, 40, 48, 56, 64]
+    for window, min_samples, refit_every in ((2, 2, 1), (16, 16, 1), (16, 16, 100)):
+        CostModel(window=window, min_samples=min_samples, refit_every=refit_every)
+    with pytest.raises(ConfigError, match=r"^cost_min_samples: must be an integer >= 2 and <= 16"):
+        CostModel(window=16, min_samples=17)
+    with pytest.raises(ConfigError, match=r"^cost_refit_every: must be an integer >= 1"):
+        CostModel(refit_every=0)
+
+
+def _submit(
+    adm: Admission,
+    outcomes: list[str],
+    label: str,
+    *,
+    cost: float | None = None,
+    deadline: float | None = None,
+    priority: Priority = Priority.DEFAULT,
+) -> Token | Ticket:
+    """Submit; ``label`` goes to ``outcomes`` when granted, ``label:<reason>`` when evicted."""
+    return adm.submit(
+        priority=priority,
+        deadline=deadline,
+        cost=cost,
+        on_grant=lambda _: outcomes.append(label),
+        on_reject=lambda error: outcomes.append(f"{label}:{error.reason.value}"),
+    )
+
+
+def _full(
+    limit: int, *, max_queue: int = 1000, max_queue_wait: float
+) -> tuple[VirtualClock, Admission, list[Token]]:
+    """An admission fitted at 0.01 s per unit of cost (mean ~0.2 s), every one of its
+    ``limit`` slots held by a request of cost 1."""
+    clock = VirtualClock()
+    adm = Admission(Fixed(limit), clock, max_queue=max_queue, max_queue_wait=max_queue_wait)
+    _warm(adm, clock, 0.0, 0.01)
+    return clock, adm, [adm.try_acquire(cost=1) for _ in range(limit)]
+
+
+def _queued_cost(adm: Admission) -> tuple[int, list[int], list[float]]:
+    """The per-class cost bookkeeping of the queue."""
+    return adm._queued_costed, list(adm._costed_by_priority), list(adm._cost_by_priority)
+
+
+_EMPTY = (0, [0, 0, 0], [0.0, 0.0, 0.0])
+
+
+def test_a_costed_fifo_queue_is_full_in_time_when_its_predicted_work_fills_the_bound() -> None:
+    _, adm, busy = _full(2, max_queue_wait=1.0)  # cost 60: 0.6 s
+    out: list[str] = []
+    for label in "abcd":  # 0.6 s each over 2 slots: 0.9 s ahead of the fourth, 1.2 s after
+        assert isinstance(_submit(adm, out, label, cost=60), Ticket)
+    refused = adm.cost_counts["refused"]
+    for cost in (1, None):  # whatever it costs itself, and with no cost at all
+        with pytest.raises(Rejected) as info:
+            _submit(adm, out, "late", cost=cost)
+        assert info.value.reason is RejectReason.LIMIT
+    assert adm.cost_counts["refused"] == refused + 1
+    assert adm.counts["rejected:limit"] == 2
+    # Blind to the costs, four requests ahead are 4 x 0.2 s / 2 slots: it would queue.
+    blind = Admission(Fixed(2), VirtualClock(), max_queue_wait=1.0)
+    blind.service = adm.service
+    blind_busy = [blind.try_acquire(), blind.try_acquire()]
+    for label in "abcd":
+        _submit(blind, out, label)
+    assert isinstance(_submit(blind, out, "e"), Ticket)
+    for token in busy + blind_busy:
+        token.success()
+    assert out == ["a", "b", "a", "b"]
+
+
+def test_one_huge_queued_request_does_not_fill_the_queue_in_time() -> None:
+    # A request predicted at 100 s, without a deadline, queued FIFO: its work over two
+    # slots filled the 1 s bound, and every later request was refused until it left.
+    # It counts for at most the bound: it holds one slot while the other drains.
+    _, adm, busy = _full(2, max_queue_wait=1.0)  # cost 10,000: 100 s
+    out: list[str] = []
+    assert isinstance(_submit(adm, out, "huge", cost=10_000), Ticket)
+    assert isinstance(_submit(adm, out, "huge2", cost=10_000), Ticket)
+    # Two of them hold both slots for 100 s: now the queue is full in time.
+    for cost in (1, None):
+        with pytest.raises(Rejected) as info:
+            _submit(adm, out, "small", cost=cost)
+        assert info.value.reason is RejectReason.LIMIT
+    # Retry-After still counts the whole predicted work.
+    assert adm.retry_after() == pytest.approx((200 + adm.service.mean) / 2)  # type: ignore[operator]
+    busy[0].success()
+    assert out == ["huge"]
+    assert isinstance(_submit(adm, out, "small", cost=1), Ticket)
+    assert isinstance(_submit(adm, out, "blind"), Ticket)
+    # With one slot, the huge one does hold everything behind it: refused.
+    _, one, one_busy = _full(1, max_queue_wait=1.0)
+    assert isinstance(_submit(one, out, "huge", cost=10_000), Ticket)
+    with pytest.raises(Rejected):
+        _submit(one, out, "small", cost=1)
+    one_busy[0].success()
+
+
+def test_an_evicted_costed_ticket_leaves_nothing_behind() -> None:
+    clock, adm, (busy,) = _full(1, max_queue=2, max_queue_wait=1.0)
+    refused = adm.cost_counts["refused"]
+    out: list[str] = []
+    # Queue timeout: waited the whole bound.
+    _submit(adm, out, "slow", cost=20)
+    clock.advance(1.0)
+    adm.expire()
+    assert out == ["slow:queue_timeout"] and _queued_cost(adm) == _EMPTY
+    # Deadline: evicted when its own high time no longer fits before its deadline.
+    _submit(adm, out, "due", cost=20, deadline=clock.now() + 0.8)
+    expiry = adm.next_expiry()
+    assert expiry is not None
+    assert expiry == pytest.approx(clock.now() + 0.6)  # 0.8 s less its own 0.2 s
+    clock.set(expiry)
+    adm.expire()
+    assert out[-1] == "due:deadline" and _queued_cost(adm) == _EMPTY
+    # Priority: a full queue makes room for a more critical request.
+    _submit(adm, out, "shed", cost=0.1, priority=Priority.SHEDDABLE)
+    _submit(adm, out, "shed2", cost=0.2, priority=Priority.SHEDDABLE)
+    assert _queued_cost(adm) == (2, [0, 0, 2], [0.0, 0.0, pytest.approx(0.3)])
+    _submit(adm, out, "vip", cost=5, priority=Priority.CRITICAL)
+    assert out[-1] == "shed:priority"
+    assert _queued_cost(adm) == (2, [1, 0, 1], [5.0, 0.0, pytest.approx(0.2)])
+    assert adm.cost_counts["refused"] == pytest.approx(refused + 20 + 20 + 0.1)
+    busy.success()
+    assert out[-1] == "vip"
+    adm.expire()
+    clock.advance(1.0)
+    adm.expire()
+    assert out[-1] == "shed2:queue_timeout" and _queued_cost(adm) == _EMPTY
+    assert adm.counts["rejected:priority"] == 1
+
+
+def test_with_priorities_only_the_work_at_or_above_a_class_is_ahead_of_it() -> None:
+    clock, adm, (busy,) = _full(1, max_queue_wait=10.0)
+    out: list[str] = []
+    assert isinstance(_submit(adm, out, "big", cost=300), Ticket)  # 3 s, default class
+    due = clock.now() + 1.0
+    # 3 s of work is queued, but not ahead of a critical request: it can make 1 s.
+    assert isinstance(
+        _submit(adm, out, "vip", cost=1, deadline=due, priority=Priority.CRITICAL), Ticket
+    )
+    for priority in (Priority.DEFAULT, Priority.SHEDDABLE):
+        with pytest.raises(Rejected) as info:
+            _submit(adm, out, "late", cost=1, deadline=due, priority=priority)
+        assert info.value.reason is RejectReason.DEADLINE
+    assert _queued_cost(adm) == (2, [1, 1, 0], [1.0, 300.0, 0.0])
+    busy.success()
+    assert out == ["vip"]
+
+
+async def test_the_cost_bookkeeping_is_back_to_zero_after_cancel_evict_and_close() -> None:
+    clock = VirtualClock()
+    limiter = Limiter(1, clock=clock, max_queue=3, max_queue_wait=1.0)
+    adm = limiter.admission
+    busy = limiter.try_acquire(cost=1)
+    waits: list[Waiting] = []
+    for cost, priority in zip((0.1, 0.2, 0.7), Priority, strict=True):
+        entry = limiter.enter(cost=cost, priority=priority)
+        assert isinstance(entry, Waiting)
+        waits.append(entry)
+    assert _queued_cost(adm) == (3, [1, 1, 1], [0.1, 0.2, 0.7])
+    waits[1].cancel()  # the client left
+    assert _queued_cost(adm) == (2, [1, 0, 1], [0.1, 0.0, 0.7])
+    entry = limiter.enter(priority=Priority.DEFAULT)  # one without a cost
+    assert isinstance(entry, Waiting)
+    waits.append(entry)
+    assert _queued_cost(adm) == (2, [1, 0, 1], [0.1, 0.0, 0.7])
+    vip = limiter.enter(cost=3, priority=Priority.CRITICAL)  # the queue is full (3)...
+    assert isinstance(vip, Waiting)
+    with pytest.raises(Rejected) as info:  # ...: the sheddable one made room
+        await waits[2].wait()
+    assert info.value.reason is RejectReason.PRIORITY
+    assert _queued_cost(adm) == (2, [2, 0, 0], [pytest.approx(3.1), 0.0, 0.0])
+    busy.success()
+    assert (await waits[0].wait()).cost == 0.1
+    assert _queued_cost(adm) == (1, [1, 0, 0], [3.0, 0.0, 0.0])
+    assert limiter.close() == 2  # the critical one of cost 3, and the one without
+    for waiting in (vip, waits[3]):
+        with pytest.raises(Rejected) as info:
+            await waiting.wait()
+        assert info.value.reason is RejectReason.SHUTDOWN
+    assert _queued_cost(adm) == _EMPTY
+    assert adm.queue_length == 0
+    assert adm.cost_counts["refused"] == pytest.approx(0.2 + 0.7 + 3)
+
+
+async def test_a_request_refused_after_close_counts_its_cost() -> None:
+    # _refuse_closed counted the refusal but not its cost.
+    limiter = Limiter(1, clock=VirtualClock())
+    metrics = LoadshedMetrics()
+    metrics.track(limiter)
+    limiter.close()
+    with pytest.raises(Rejected) as info:
+        limiter.try_acquire(cost=5)
+    assert info.value.reason is RejectReason.SHUTDOWN
+    with pytest.raises(Rejected):
+        limiter.enter(cost=2.5)
+    with pytest.raises(Rejected):
+        await limiter.acquire(cost=1.5)
+    with pytest.raises(Rejected):
+        limiter.try_acquire()  # no cost: counted, nothing added
+    assert limiter.admission.cost_counts == {"admitted": 0.0, "refused": 9.0, "completed": 0.0}
+    assert limiter.admission.counts["rejected:shutdown"] == 4
+    labels = {"limiter": "default", "event": "refused"}
+    assert metrics.registry.get_sample_value("loadshed_cost_total", labels) == 9.0
+    # A bad cost is a ConfigError, as before close.
+    with pytest.raises(ConfigError, match=r"^cost: must be a number in \(0, 1e\+12\]"):
+        limiter.try_acquire(cost=-1)

@@ -216,8 +216,9 @@ class Admission:
             less two mean service times if shorter; the same of the learned patience).
             With ``fifo``, a request that finds enough work
             ahead of it to fill this wait (queued ahead / limit x mean service time
-            >= the bound) is refused at once (``limit``) rather than queued to time
-            out.
+            >= the bound; with costs, each request queued ahead at its own predicted
+            time, but at most the bound) is refused at once (``limit``) rather than
+            queued to time out.
         adaptive_wait_ceiling: seconds of response time (queue wait plus a service
             time) the adaptive bound may grow to while clients are patient; 0 keeps
             the bound at one service time. Unused when ``max_queue_wait`` is set.
@@ -466,11 +467,10 @@ class Admission:
             and ahead  # nothing ahead: it may still be granted before max_wait
             and service_mean is not None
             and (
-                self._work_ahead(priority, ahead, service_mean) / slots
+                self._work_fills_wait(priority, ahead, service_mean, slots, max_wait)
                 if costed
-                else ahead / slots * service_mean
+                else ahead / slots * service_mean >= max_wait
             )
-            >= max_wait
         ):
             # The queue is full in time: what is ahead alone takes the whole wait
             # bound, so this request would only time out in the queue. Refusing now
@@ -668,6 +668,34 @@ class Admission:
         assert intercept is not None and slope is not None
         cost = sum(self._cost_by_priority[: priority + 1])
         return intercept * costed + slope * cost + service_mean * (ahead - costed)
+
+    def _work_fills_wait(
+        self, priority: Priority, ahead: int, service_mean: float, slots: int, max_wait: float
+    ) -> bool:
+        """Whether the predicted work queued ahead (``ahead`` tickets at or above
+        ``priority``), drained through ``slots``, fills the wait bound ``max_wait``, each
+        costed ticket counted at most ``max_wait``: one request, however big, holds one
+        slot while the others drain, so with two slots or more it alone cannot fill the
+        queue (with one, it does: all behind it wait for its end)."""
+        if self._work_ahead(priority, ahead, service_mean) / slots < max_wait:
+            return False  # the sums already say not full; capping only lowers them
+        # The sums say full: count again, ticket by ticket, with each costed one capped.
+        # Only on this path (most requests never get here), and it stops once full.
+        model = self.cost_model
+        intercept, slope = model.intercept, model.slope
+        assert intercept is not None and slope is not None
+        work = service_mean * (ahead - sum(self._costed_by_priority[: priority + 1]))
+        if work / slots >= max_wait:
+            return True
+        for queue in self._queues[: priority + 1]:
+            for ticket in queue:
+                cost = ticket.cost
+                if cost is not None and ticket._state is _State.QUEUED:
+                    seconds = intercept + slope * cost
+                    work += seconds if seconds < max_wait else max_wait
+                    if work / slots >= max_wait:
+                        return True
+        return False
 
     def _cannot_finish(self, now: float) -> bool:
         """Whether to refuse a request the estimate says cannot finish before its

@@ -117,6 +117,7 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         self._costs: dict[asyncio.Future[Any], float] = {}
         self._inflight_cost = 0.0
         self._staged_cost = 0.0
+        self._peak_running = 0  # with cost=: the most calls in flight at once so far
         self._sync_source: Iterator[Any] | None
         self._async_source: AsyncIterator[Any] | None
         if isinstance(iterable, AsyncIterable):
@@ -210,6 +211,10 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
                 self._fill()
                 if result is not _NOTHING:
                     return result  # type: ignore[no-any-return]
+                if self._error is not None:
+                    # This fill failed (the source, or a bad cost, on an input taken
+                    # with nothing running): nothing would wake the wait below.
+                    continue
                 if (
                     self._exhausted
                     and not self._running
@@ -253,9 +258,12 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
     def _can_start(self) -> bool:
         # Finished results wait for the consumer (or, ordered, for an earlier input)
         # within max_held: a slow consumer or a slow head pauses the producer.
-        max_held = 2 * self._limit if self._max_held is None else self._max_held
         if self._cost_fn is not None:  # the limit bounds the cost in flight
+            # The limit counts cost units, not results: by default hold twice the most
+            # calls that were in flight at once (at least 2), not twice the limit.
+            max_held = 2 * max(self._peak_running, 1) if self._max_held is None else self._max_held
             return self.held < max_held and (not self._running or self._inflight_cost < self._limit)
+        max_held = 2 * self._limit if self._max_held is None else self._max_held
         return len(self._running) < self._limit and self.held < max_held
 
     def _fits(self) -> bool:
@@ -348,6 +356,8 @@ class BoundedMap(AsyncIterator[_Y], Generic[_Y]):
         if self._cost_fn is not None:
             self._costs[future] = self._staged_cost
             self._inflight_cost += self._staged_cost
+            if len(self._running) > self._peak_running:
+                self._peak_running = len(self._running)
         if self._algorithm is not None:
             self._started[future] = (self._clock.now(), len(self._running))
         # A shared context for our own callbacks saves copying one per call.
@@ -507,7 +517,9 @@ def bounded_map(
       order. A slot is refilled as soon as its call ends, even while the consumer is
       busy, but never beyond ``max_held`` inputs taken and not yet yielded (running,
       or finished and waiting for the consumer or, ordered, for an earlier input);
-      default twice the current limit. So the results waiting (the reorder buffer)
+      default twice the current limit, or with ``cost=`` (where the limit counts cost
+      units, not calls) twice the most calls that have been in flight at once (at
+      least 2). So the results waiting (the reorder buffer)
       never number more than ``max_held`` (``max_held - 1`` in ordered mode, where
       the oldest input is still running): a slow consumer or a slow early input
       pauses the producer instead of growing a buffer.

@@ -65,15 +65,17 @@ class CostModel:
 
     Parameters:
         window: samples the fit covers (the most recent).
-        min_samples: samples needed before :attr:`fitted` is True and predictions are
-            made (until then :meth:`predict` returns None and admission uses the mean
-            service time, as without costs).
-        refit_every: samples between two fits (a fit sorts the window twice).
+        min_samples: samples needed before the first fit (until then :meth:`predict`
+            returns None, or the starting model's prediction, and admission uses the
+            mean service time, as without costs); at most ``window``.
+        refit_every: samples between two fits after the first (a fit sorts the window
+            twice), whatever ``min_samples`` is (``min_samples == window`` included).
         intercept / slope: a starting model (e.g. from ``loadshed plan --profile``),
             used until ``min_samples`` samples were seen; give both or neither.
     """
 
     __slots__ = (
+        "_first_fit_done",
         "_high_ratio",
         "_intercept",
         "_pending",
@@ -99,6 +101,7 @@ class CostModel:
             raise ConfigError("cost_model", "give both intercept and slope, or neither")
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
         self._pending = 0
+        self._first_fit_done = False  # min_samples gates the first fit only
         self._intercept: float | None = None
         self._slope: float | None = None
         self._high_ratio = 1.0
@@ -138,10 +141,10 @@ class CostModel:
             return
         self._samples.append((cost, seconds))
         self._pending += 1
-        count = len(self._samples)
-        if count >= self.min_samples and (
-            self._pending >= self.refit_every or count == self.min_samples
-        ):
+        if self._first_fit_done:
+            if self._pending >= self.refit_every:
+                self._fit()
+        elif len(self._samples) >= self.min_samples:
             self._fit()
 
     def predict(self, cost: float) -> float | None:
@@ -160,26 +163,35 @@ class CostModel:
 
     def _fit(self) -> None:
         self._pending = 0
+        self._first_fit_done = True
         points = list(self._samples)
-        line = fit_cost_line(points)
-        residuals = sorted(t - (line[0] + line[1] * c) for c, t in points)
-        middle = residuals[len(residuals) // 2]
-        spread = sorted(abs(r - middle) for r in residuals)[len(residuals) // 2] * _MAD_TO_SD
-        # Most times identical (a coarse clock, an even virtual one): a spread of 0 must
-        # still trim the one slow outlier, so never less than a millionth of the mean.
-        spread = max(spread, 1e-6 * sum(t for _, t in points) / len(points))
-        if spread > 0:
-            intercept, slope = line
-            bound = _TRIM_SDS * spread
-            kept = [(c, t) for c, t in points if abs(t - intercept - slope * c - middle) <= bound]
-            if len(kept) >= 2 and len(kept) < len(points):
-                points = kept
-                line = fit_cost_line(points)
+        line, kept = _trimmed_fit(points)
         intercept, slope = line
-        ratios = sorted(t / max(intercept + slope * c, 1e-12) for c, t in points)
+        ratios = sorted(t / max(intercept + slope * c, 1e-12) for c, t in kept)
         rank = max(1, math.ceil(_HIGH_QUANTILE * len(ratios)))
         self._high_ratio = max(1.0, ratios[rank - 1])
         self._intercept, self._slope = intercept, slope
+
+
+def _trimmed_fit(
+    points: list[tuple[float, float]],
+) -> tuple[tuple[float, float], list[tuple[float, float]]]:
+    """The line fitted with one trimming pass over ``points`` (at least one), and the
+    points it kept."""
+    line = fit_cost_line(points)
+    intercept, slope = line
+    residuals = [t - (intercept + slope * c) for c, t in points]
+    ordered = sorted(residuals)
+    middle = ordered[len(ordered) // 2]
+    spread = sorted(abs(r - middle) for r in ordered)[len(ordered) // 2] * _MAD_TO_SD
+    # Most times identical (a coarse clock, an even virtual one): a spread of 0 must
+    # still trim the one slow outlier, so never less than a millionth of the mean.
+    spread = max(spread, 1e-6 * sum(t for _, t in points) / len(points))
+    bound = _TRIM_SDS * spread
+    kept = [point for point, r in zip(points, residuals, strict=True) if abs(r - middle) <= bound]
+    if len(kept) >= 2 and len(kept) < len(points):
+        return fit_cost_line(kept), kept
+    return line, points
 
 
 def fit_cost_line(points: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from loadshed.admission import Admission, LimiterListener, LimiterSnapshot, Ticket, Token
 from loadshed.clock import MONOTONIC, Clock
 from loadshed.config import AdmissionConfig, Discipline
+from loadshed.costmodel import check_cost
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limits.base import LimitAlgorithm
 from loadshed.limits.workers import WorkerCount
@@ -189,9 +190,12 @@ class Limiter:
                 ticket.on_reject(Rejected(RejectReason.SHUTDOWN, retry_after))
         return len(tickets)
 
-    def _refuse_closed(self) -> Rejected:
-        """A request that arrived after :meth:`close`: counted and refused (``shutdown``)."""
-        self.admission._count_reject(RejectReason.SHUTDOWN, 0.0)
+    def _refuse_closed(self, cost: float | None) -> Rejected:
+        """A request that arrived after :meth:`close`: counted, its cost too (a bad cost
+        is a :class:`ConfigError`, as when open), and refused (``shutdown``)."""
+        if cost is not None:
+            cost = check_cost(cost)
+        self.admission._count_reject(RejectReason.SHUTDOWN, 0.0, cost)
         return Rejected(RejectReason.SHUTDOWN, self.admission.retry_after())
 
     def try_acquire(
@@ -203,7 +207,7 @@ class Limiter:
     ) -> Token:
         """A token now, or Rejected; never waits."""
         if self.closed:
-            raise self._refuse_closed()
+            raise self._refuse_closed(cost)
         return self.admission.try_acquire(priority=priority, deadline=deadline, cost=cost)
 
     def acquire(
@@ -236,7 +240,7 @@ class Limiter:
         middleware watches for the client's disconnect).
         """
         if self.closed:
-            raise self._refuse_closed()
+            raise self._refuse_closed(cost)
         token = self.admission.grant_now(priority=priority, deadline=deadline, cost=cost)
         if token is not None:  # the common case: no future needed
             return token
