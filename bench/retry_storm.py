@@ -885,7 +885,9 @@ def main() -> int:
         "--rates", default="1,2,5", help="open loop: multiples of capacity ('none' to skip)"
     )
     parser.add_argument("--capacity", type=float, help="req/s for --rates (default: measured)")
-    parser.add_argument("--drivers", default="hey,loadshed", help="hey, loadshed or both")
+    parser.add_argument(
+        "--drivers", default="hey,loadshed", help="hey, loadshed, or both (hey,loadshed)"
+    )
     parser.add_argument(
         "--src",
         action="append",
@@ -908,8 +910,10 @@ def main() -> int:
     except (ValueError, ConfigError) as error:
         parser.error(str(error))
     drivers = [d.strip() for d in args.drivers.split(",") if d.strip()]
+    if drivers == ["both"]:
+        drivers = ["hey", "loadshed"]
     if not drivers or any(d not in ("hey", "loadshed") for d in drivers):
-        parser.error(f"--drivers: hey, loadshed or both, got {args.drivers!r}")
+        parser.error(f"--drivers: hey, loadshed, hey,loadshed or both, got {args.drivers!r}")
     if args.trees is not None and args.trees < 1:
         parser.error("--trees must be >= 1")
     notes: list[str] = []
