@@ -857,14 +857,14 @@ class Little(LimitAlgorithm):
             if self._startup_stalls >= _STARTUP_STALL_ROUNDS and self.estimate() > 0:
                 self._enter_drain()
             return
-        knee = self._knee
-        if knee is not None and round_limit >= _STARTUP_GAIN * knee and self.estimate() > 0:
+        knee, bdp = self._knee, self.estimate()
+        if knee is not None and round_limit >= _STARTUP_GAIN * knee and bdp > 0:
             # The levels show requests queueing above the knee, the limit has doubled
             # past it, and the round before showed it too (an early fit of a few
             # requests finds a knee by chance): rounds of a few completions (one
             # slow worker) could take the whole run to show the same as a short round.
             if self._startup_knee_seen:
-                self._enter_cruise(self.estimate())
+                self._enter_cruise(bdp)
                 return
             self._startup_knee_seen = True
         else:
