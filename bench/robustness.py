@@ -54,6 +54,8 @@ from loadshed.sim.scenarios import (
 )
 
 ALGORITHMS = ("none", "aimd", "vegas", "gradient2", "gradient", "little")
+# Also accepted by --algorithms, not run by default: variants of the above.
+VARIANTS = ("little+headroom",)
 WORKERS = (1, 2, 4, 8, 16, 32, 64)
 SERVICES = (("constant", 0.0), ("exponential", 0.0), ("lognormal", 0.5), ("lognormal", 1.0))
 ARRIVALS = ("poisson", "bursts", "closed")
@@ -367,9 +369,10 @@ def main() -> int:
         os.environ[_WAIT_CEILING_ENV] = str(args.wait_ceiling)
         _LIMITER_EXTRA["adaptive_wait_ceiling"] = args.wait_ceiling
     algorithms = tuple(a for a in args.algorithms.split(",") if a)
-    unknown = [a for a in algorithms if a not in ALGORITHMS]
+    unknown = [a for a in algorithms if a not in ALGORITHMS + VARIANTS]
     if unknown:
-        parser.error(f"--algorithms: unknown {unknown}, allowed: {','.join(ALGORITHMS)}")
+        allowed = ",".join(ALGORITHMS + VARIANTS)
+        parser.error(f"--algorithms: unknown {unknown}, allowed: {allowed}")
     if args.cells < 1 or args.seeds < 1 or args.jobs < 1:
         parser.error("--cells, --seeds and --jobs must be >= 1")
     cells = _core_cells() if args.quick else draw_cells(args.cells, args.sample_seed)
