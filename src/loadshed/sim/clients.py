@@ -131,6 +131,7 @@ class _Client:
         ):
             # retry through the balancer; the overall timeout keeps running
             request.attempt += 1
+            request.avoid = request.replica
             request.replica = None
             self.engine.at(when + config.one_way, self.target.arrive, request)
             return

@@ -22,7 +22,8 @@ BALANCERS = ("random", "round-robin", "least-outstanding")
 
 
 class Balancer:
-    """Sends each arriving request to one of ``replicas``."""
+    """Sends each arriving request to one of ``replicas``; a retry (``request.avoid``
+    set) to another than the one that answered its last attempt, when there is one."""
 
     __slots__ = ("replicas",)
 
@@ -49,7 +50,15 @@ class RandomBalancer(Balancer):
         if request.client_gone:
             return
         replicas = self.replicas
-        replicas[int(self._rng.random() * len(replicas))].arrive(request)
+        avoid = request.avoid
+        if avoid is None or len(replicas) < 2:
+            replicas[int(self._rng.random() * len(replicas))].arrive(request)
+            return
+        # one of the others, uniformly
+        index = int(self._rng.random() * (len(replicas) - 1))
+        if replicas[index] is avoid:
+            index = len(replicas) - 1
+        replicas[index].arrive(request)
 
 
 class RoundRobin(Balancer):
@@ -64,9 +73,12 @@ class RoundRobin(Balancer):
     def arrive(self, request: Request) -> None:
         if request.client_gone:
             return
+        replicas = self.replicas
         index = self._next
-        self._next = index + 1 if index + 1 < len(self.replicas) else 0
-        self.replicas[index].arrive(request)
+        if replicas[index] is request.avoid and len(replicas) > 1:
+            index = index + 1 if index + 1 < len(replicas) else 0
+        self._next = index + 1 if index + 1 < len(replicas) else 0
+        replicas[index].arrive(request)
 
 
 class LeastOutstanding(Balancer):
@@ -105,6 +117,13 @@ class LeastOutstanding(Balancer):
         buckets = self._buckets
         while not buckets[self._min]:
             self._min += 1
+        avoid = request.avoid
+        if avoid is not None and len(self.replicas) > 1:
+            for bucket in buckets[self._min :]:
+                for replica in bucket:
+                    if replica is not avoid:
+                        replica.arrive(request)
+                        return
         next(iter(buckets[self._min])).arrive(request)
 
 

@@ -43,6 +43,7 @@ class Request:
     __slots__ = (
         "arrived_at",
         "attempt",
+        "avoid",
         "client_gone",
         "cost",
         "deadline",
@@ -77,6 +78,10 @@ class Request:
         """The client has its outcome (a response or its own timeout)."""
         self.client_gone = False
         self.attempt = 0
+        self.avoid: Handler | None = None
+        """A retry's previous replica, which a balancer passes over when it has another
+        (HAProxy's ``option redispatch``): a replica that refused is likely to refuse
+        again, and the fewest outstanding requests are the refusing replica's."""
         self.cost = 1.0
         """What the request costs (rows, tokens); 1 when the run has no costs."""
         self.size = 1.0
