@@ -456,3 +456,24 @@ def test_every_demo_model_builds() -> None:
     for model in DEMO_MODELS:
         app = create_demo_app(model)
         assert app.state.model == model
+
+
+async def test_protected_origin_never_sheds_its_admin_routes() -> None:
+    """A capacity change ordered while the server sheds must get through at once:
+    ``PUT /admin/work-time`` came back 503 in a live fleet run and crashed the bench."""
+    from loadshed.demo.serve import protect_app
+
+    app = protect_app(origin.create_app(workers=1, service_time=1.0, queue=0), "fixed:1", 1)
+    with serve(app) as served:
+        url = served.url
+        async with client() as session:
+            held = [asyncio.ensure_future(get_json(session, f"{url}/work")) for _ in range(3)]
+            await asyncio.sleep(0.15)  # the one slot is taken, the others queued or refused
+            started = time.monotonic()
+            async with session.put(f"{url}/admin/work-time", json={"seconds": 0.1}) as response:
+                assert response.status == 200
+            # not queued behind the 1 s request that holds the slot
+            assert time.monotonic() - started < 0.5
+            status, stats, _ = await get_json(session, f"{url}/admin/stats")
+            assert status == 200 and stats["work_time"] == 0.1
+            await asyncio.gather(*held)

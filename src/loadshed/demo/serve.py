@@ -70,6 +70,9 @@ DEFAULT_DEADLINE_TARGET = 1.8
 # The paradox's published schemes wait as long as it takes once queued (a semaphore has no timeout).
 _NO_QUEUE_TIMEOUT = 3600.0
 _UNBOUNDED_QUEUE = 100_000
+# Health checks, metrics and the origin's admin routes (PUT /admin/work-time) are never
+# limited: a capacity change ordered while the server sheds must not be shed itself.
+_NEVER_LIMITED = ("/health", "/metrics", "/admin/")
 
 
 def validate_protect(protect: str) -> str:
@@ -119,6 +122,7 @@ def protect_app(
             },
             metrics_path="/metrics",
             refusal_pacing=pacing,
+            exclude=_NEVER_LIMITED,
         )
     if protect == "deadline":
         return LoadShedMiddleware(
@@ -132,8 +136,11 @@ def protect_app(
             },
             metrics_path="/metrics",
             refusal_pacing=pacing,
+            exclude=_NEVER_LIMITED,
         )
-    return LoadShedMiddleware(app, limit=protect, metrics_path="/metrics", refusal_pacing=pacing)
+    return LoadShedMiddleware(
+        app, limit=protect, metrics_path="/metrics", refusal_pacing=pacing, exclude=_NEVER_LIMITED
+    )
 
 
 def build_app(
