@@ -147,6 +147,10 @@ def running_replicas() -> int:
     )
 
 
+METRICS_PORT = free_port()
+"""The node's metrics export port (Ray's metrics agent serves Prometheus text there)."""
+
+
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
     port = free_port()
@@ -159,6 +163,7 @@ def base_url() -> Iterator[str]:
         include_dashboard=False,
         log_to_driver=False,
         _node_ip_address="127.0.0.1",
+        _metrics_export_port=METRICS_PORT,
     )
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -246,6 +251,28 @@ def test_metrics_carry_the_replica_label(base_url: str) -> None:
     assert answer.status == 200
     assert "loadshed_limit{" in answer.body
     assert 'replica="' in answer.body and f'application="{APP_NAME}"' in answer.body
+
+
+def test_gauges_and_counters_reach_rays_metrics_with_the_replica_tags(base_url: str) -> None:
+    # Copied every 5 s by each replica, exported by the node's metrics agent with Ray's
+    # `ray_` prefix; bounded wait.
+    for _ in range(5):
+        assert get(f"{base_url}/predict", {"X-Request-Timeout": "5"}).status == 200
+    deadline = time.monotonic() + 60.0
+    while True:
+        text = get(f"http://127.0.0.1:{METRICS_PORT}/metrics").body
+        limits = [line for line in text.splitlines() if line.startswith("ray_loadshed_limit{")]
+        counted = [
+            line
+            for line in text.splitlines()
+            if line.startswith("ray_loadshed_requests_total{") and 'outcome="success"' in line
+        ]
+        if limits and counted:
+            break
+        assert time.monotonic() < deadline, "no loadshed metrics on the node's port in 60 s"
+        time.sleep(1.0)
+    assert all(f'application="{APP_NAME}"' in line and 'replica="' in line for line in limits)
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in counted) >= 5
 
 
 def test_a_killed_replica_is_replaced_and_requests_succeed_again(base_url: str) -> None:
