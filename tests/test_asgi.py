@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
 from loadshed.asgi import LoadShedMiddleware
 from loadshed.errors import ConfigError
@@ -501,3 +502,23 @@ def test_runner_with_a_limit_or_a_limiter_is_a_config_error() -> None:
         LoadShedMiddleware(build_app(Gate()), limit="fixed:2", runner=runner)
     with pytest.raises(ConfigError, match=r"^runner: give runner= to the Limiter"):
         LoadShedMiddleware(build_app(Gate()), limiter=Limiter(Fixed(2)), runner=runner)
+
+
+def test_paths_are_matched_within_the_apps_root_path() -> None:
+    # Mounted under a prefix (a Ray Serve route_prefix, a Starlette Mount, uvicorn's
+    # --root-path), scope["path"] includes the root_path: exclusions, routes and the
+    # metrics path still name paths within the app.
+    async def ok(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    inner = Starlette(routes=[Route("/health", ok), Route("/work", ok)])
+    protected = LoadShedMiddleware(inner, "fixed:1", metrics_path="/metrics")
+    outer = Starlette(routes=[Mount("/api", app=protected)])
+    mounted = {"type": "http", "root_path": "/api"}
+    assert protected.limiter_for({**mounted, "path": "/api/health"}) is None
+    assert protected.limiter_for({**mounted, "path": "/api/work"}) is protected.limiter
+    assert protected.limiter_for({"type": "http", "path": "/health"}) is None  # no root
+    with serve(outer) as url:
+        metrics = urllib.request.urlopen(f"{url}/api/metrics", timeout=10).read().decode()
+        assert "loadshed_limit" in metrics
+        assert urllib.request.urlopen(f"{url}/api/work", timeout=10).read() == b"ok"

@@ -70,7 +70,7 @@ from loadshed.watch import RequestWatch, RequestWatches, send_too_large
 if TYPE_CHECKING:
     from loadshed.metrics import LoadshedMetrics  # prometheus_client loads on first use
 
-__all__ = ["LoadShedMiddleware", "RouteSelector"]
+__all__ = ["LoadShedMiddleware", "RouteSelector", "app_path"]
 
 RouteSelector = Callable[[Scope], "Limiter | None"]
 """Chooses the limiter for a request, or None to let it through unprotected."""
@@ -84,6 +84,16 @@ _IGNORED: Final = Outcome.IGNORED
 _DEFAULT_PRIORITY: Final = Priority.DEFAULT
 _SHUTDOWN: Final = RejectReason.SHUTDOWN
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def app_path(scope: Scope) -> str:
+    """The request's path within the app: ``scope["path"]`` without the app's
+    ``root_path`` when it starts with it (the ASGI spec has ``path`` include it)."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :] or "/"
+    return path
 
 
 class LoadShedMiddleware:
@@ -355,8 +365,12 @@ class LoadShedMiddleware:
                 signal.signal(sig, _ShutdownHook(self, loop, previous))
 
     def limiter_for(self, scope: Scope) -> Limiter | None:
-        """The limiter that guards this request, or None when it is not limited."""
-        path: str = scope.get("path", "")
+        """The limiter that guards this request, or None when it is not limited.
+
+        Exclusions and routes match the path within the app: without the
+        ``root_path`` it is mounted at (a Ray Serve ``route_prefix``, a Starlette
+        ``Mount``, uvicorn's ``--root-path``), when the path starts with it."""
+        path = app_path(scope)
         if self._exclude_callable is not None:
             if self._exclude_callable(scope):
                 return None
@@ -379,7 +393,7 @@ class LoadShedMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
-        if self._metrics_app is not None and scope.get("path") == self.metrics_path:
+        if self._metrics_app is not None and app_path(scope) == self.metrics_path:
             await self._metrics_app(scope, receive, send)
             return
         limiter = self.limiter_for(scope)

@@ -53,7 +53,7 @@ from ray.serve.exceptions import RayServeException
 from ray.util import metrics as ray_metrics
 from starlette.applications import Starlette
 
-from loadshed.asgi import LoadShedMiddleware
+from loadshed.asgi import LoadShedMiddleware, app_path
 from loadshed.asgitypes import ASGIApp, Receive, Scope, Send
 from loadshed.checks import check_optional_number
 from loadshed.config import AdmissionConfig
@@ -279,7 +279,7 @@ class ReplicaLoadShed:
         if (
             self._metrics_app is not None
             and scope["type"] == "http"
-            and scope.get("path") == self._metrics_path
+            and app_path(scope) == self._metrics_path
         ):
             await self._metrics_app(scope, receive, send)
             return
