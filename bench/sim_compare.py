@@ -13,6 +13,7 @@ counted in whole requests: at 2 req/s a 30 s step resolves 1/60 of capacity).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -60,8 +61,8 @@ def _e1(job: tuple[str, str, int | None, bool, float, int]) -> dict[str, Any]:
     return result
 
 
-def _e2(job: tuple[str, str, int | None, bool, float, int, str, str]) -> dict[str, Any]:
-    label, limit, value, deadlines, duration, seed, dist, arrivals = job
+def _e2(job: tuple[str, str, int | None, bool, float, int, str, str, float]) -> dict[str, Any]:
+    label, limit, value, deadlines, duration, seed, dist, arrivals, sigma = job
     started = time.perf_counter()
     result = run_capacity_change(
         limiter=LimiterConfig(limit, limit_value=value),
@@ -69,6 +70,7 @@ def _e2(job: tuple[str, str, int | None, bool, float, int, str, str]) -> dict[st
         duration=duration,
         seed=seed,
         dist=dist,
+        sigma=sigma,
         arrivals=arrivals,
     )
     result["label"] = label
@@ -202,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         help="E2 service-time distribution (published: constant)",
     )
     parser.add_argument(
+        "--e2-sigma",
+        type=float,
+        default=0.5,
+        help="log-normal sigma of E2's service time with --e2-dist lognormal "
+        "(0.02 to 0.1: a nearly constant service with a real machine's jitter)",
+    )
+    parser.add_argument(
         "--e2-arrivals",
         choices=["constant", "poisson"],
         default="constant",
@@ -214,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=["e1", "e2", "fleet"], default=None)
     parser.add_argument("--out", default=None, help="also write the markdown here")
     args = parser.parse_args(argv)
+    if not (math.isfinite(args.e2_sigma) and args.e2_sigma > 0):
+        parser.error(f"--e2-sigma: must be a finite number > 0, got {args.e2_sigma:g}")
 
     started = time.perf_counter()
     e1_jobs = [
@@ -231,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             args.e2_dist,
             args.e2_arrivals,
+            args.e2_sigma,
         )
         for label, limit, value in E2_LIMITS
         for deadlines in (True, False)
@@ -255,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
             "",
             e1_table(e1),
         ]
+    e2_shape = f"lognormal sigma {args.e2_sigma:g}" if args.e2_dist == "lognormal" else args.e2_dist
     if e2:
         parts += [
             "",
-            f"**E2 capacity change** (7 workers, {args.e2_dist} service time, "
+            f"**E2 capacity change** (7 workers, {e2_shape} service time, "
             f"mean 1 s -> 2 s at {args.e2_duration / 2:g} s, "
             f"5 req/s ({args.e2_arrivals} arrivals) from 10 client workers, timeout 2.5 s, "
             "origin queue 100, "
