@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -125,13 +126,16 @@ def _core_cells() -> list[Cell]:
     ]
 
 
-def draw_cells(count: int, seed: int) -> list[Cell]:
-    """``count`` cells drawn from the full product (plus the core), seeded."""
+def draw_cells(
+    count: int, seed: int, services: tuple[tuple[str, float], ...] = SERVICES
+) -> list[Cell]:
+    """``count`` cells drawn from the full product (plus the core), seeded; the service
+    shapes from ``services`` (the same draw as before for the default)."""
     rng = random.Random(seed)
     cells = _core_cells()
     seen = set(cells)
     while len(cells) < count:
-        service, sigma = rng.choice(SERVICES)
+        service, sigma = rng.choice(services)
         arrivals = rng.choice(ARRIVALS)
         cell = Cell(
             workers=rng.choice(WORKERS),
@@ -213,6 +217,29 @@ def score(cell: Cell, limit: str, seed: int) -> float:
         served += step["goodput_rps"] * half
         achievable += min(step["capacity_rps"], rate) * half
     return served / achievable
+
+
+def parse_services(text: str) -> tuple[tuple[str, float], ...]:
+    """``constant,exponential,lognormal:0.5`` -> ((name, sigma), ...); ValueError with
+    the allowed forms on anything else."""
+    services: list[tuple[str, float]] = []
+    for item in (part.strip() for part in text.split(",")):
+        name, _, sigma_text = item.partition(":")
+        if name in ("constant", "exponential") and not sigma_text:
+            services.append((name, 0.0))
+            continue
+        if name == "lognormal":
+            try:
+                sigma = float(sigma_text)
+            except ValueError:
+                sigma = math.nan
+            if math.isfinite(sigma) and sigma > 0:
+                services.append((name, sigma))
+                continue
+        raise ValueError(f"{item!r}; allowed: constant, exponential, lognormal:SIGMA (SIGMA > 0)")
+    if not services:
+        raise ValueError("empty; allowed: constant, exponential, lognormal:SIGMA")
+    return tuple(services)
 
 
 def _job(job: tuple[int, Cell, str, int]) -> tuple[int, str, int, float]:
@@ -348,6 +375,12 @@ def main() -> int:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--quick", action="store_true", help="the core cells only, one seed")
     parser.add_argument(
+        "--services",
+        default="constant,exponential,lognormal:0.5,lognormal:1",
+        help="service shapes the drawn cells take (the core cells are kept), e.g. "
+        "lognormal:0.02,lognormal:0.05 for a nearly constant service with jitter",
+    )
+    parser.add_argument(
         "--select", help="only these cells of the drawn list, by position from 0 (e.g. 0,3,9)"
     )
     parser.add_argument(
@@ -375,7 +408,11 @@ def main() -> int:
         parser.error(f"--algorithms: unknown {unknown}, allowed: {allowed}")
     if args.cells < 1 or args.seeds < 1 or args.jobs < 1:
         parser.error("--cells, --seeds and --jobs must be >= 1")
-    cells = _core_cells() if args.quick else draw_cells(args.cells, args.sample_seed)
+    try:
+        services = parse_services(args.services)
+    except ValueError as error:
+        parser.error(f"--services: {error}")
+    cells = _core_cells() if args.quick else draw_cells(args.cells, args.sample_seed, services)
     if args.select:
         try:
             cells = [cells[int(i)] for i in args.select.split(",")]
