@@ -851,6 +851,21 @@ def render(
 # ----------------------------------------------------------------------------- main
 
 
+def add_shared_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--src``, ``--model-ms``, ``--trees``, ``--out`` and ``--json`` (also ``rerun.py``'s)."""
+    parser.add_argument(
+        "--src",
+        action="append",
+        default=[],
+        metavar="[LABEL=]PATH",
+        help="also run the servers with PYTHONPATH=PATH (another checkout's src); repeatable",
+    )
+    parser.add_argument("--model-ms", type=float, default=25.0, help="target time per call")
+    parser.add_argument("--trees", type=int, help="forest size (skips the calibration)")
+    parser.add_argument("--out", type=Path, help="write the markdown here")
+    parser.add_argument("--json", type=Path, help="write every figure here")
+
+
 def parse_src(values: Sequence[str]) -> list[Tree]:
     trees = [Tree("this tree", None)]
     for value in values:
@@ -888,17 +903,7 @@ def main() -> int:
     parser.add_argument(
         "--drivers", default="hey,loadshed", help="hey, loadshed, or both (hey,loadshed)"
     )
-    parser.add_argument(
-        "--src",
-        action="append",
-        default=[],
-        metavar="[LABEL=]PATH",
-        help="also run the servers with PYTHONPATH=PATH (another checkout's src); repeatable",
-    )
-    parser.add_argument("--model-ms", type=float, default=25.0, help="target time per call")
-    parser.add_argument("--trees", type=int, help="forest size (skips the calibration)")
-    parser.add_argument("--out", type=Path, help="write the markdown here")
-    parser.add_argument("--json", type=Path, help="write every figure here")
+    add_shared_arguments(parser)
     args = parser.parse_args()
     try:
         counts = parse_int_list(args.clients, "--clients")

@@ -328,6 +328,39 @@ def test_learned_patience_becomes_the_default_deadline() -> None:
     assert adm.next_expiry() == pytest.approx(clock.now() + 2.0)
 
 
+def test_give_ups_that_no_request_followed_are_forgotten_as_the_load_leaving() -> None:
+    adm, _, clock = make(limit=4, max_queue_wait=100)
+    token = adm.try_acquire()
+    clock.advance(0.05)
+    token.success()  # a service of 50 ms
+    # Give-ups followed at once by more requests: impatient clients under load.
+    for _ in range(3):
+        adm.client_gave_up(0.02)
+        clock.advance(0.01)
+        adm.try_acquire().success()
+    assert adm.patience.patience == pytest.approx(0.02)
+    # The clients of a load test that ended all leave at once; the next request comes
+    # 5 s later (over 1 s and 10 services): those give-ups were the load leaving.
+    clock.advance(0.001)
+    for waited in (0.001, 0.002, 0.003):
+        adm.client_gave_up(waited)
+    assert adm.patience.patience == pytest.approx(0.001)
+    clock.advance(5.0)
+    adm.try_acquire()
+    assert adm.patience.samples == 3
+    assert adm.patience.patience == pytest.approx(0.02)
+    # A quiet of under 10 services is only a slow stretch: nothing is forgotten.
+    slow, _, slow_clock = make(limit=4, max_queue_wait=100)
+    token = slow.try_acquire()
+    slow_clock.advance(2.0)
+    token.success()  # a service of 2 s
+    slow.client_gave_up(1.5)
+    slow.client_gave_up(1.5)
+    slow_clock.advance(5.0)
+    slow.try_acquire()
+    assert slow.patience.patience == pytest.approx(1.5)
+
+
 def test_codel_sheds_quickly_while_the_queue_stays_standing() -> None:
     adm, _, clock = make(limit=1, discipline="codel", max_queue_wait=10)
     rec = Recorder()

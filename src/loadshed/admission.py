@@ -53,6 +53,10 @@ _MAX_RETRY_AFTER = 3600.0  # seconds: a Retry-After beyond an hour says nothing 
 # only a request that runs can refresh an estimate that a slow spell left too high.
 _STALE_ESTIMATES = 10.0
 _STALE_MIN_S = 1.0
+# A request after a quiet this long (seconds) and this many mean service times: the
+# give-ups since the request before it were the load leaving (see _after_quiet).
+_QUIET_MIN_S = 1.0
+_QUIET_SERVICES = 10.0
 _new_sample = tuple.__new__
 _INF = math.inf
 REJECT_COUNT_KEYS: Final = {reason: f"rejected:{reason.value}" for reason in RejectReason}
@@ -302,6 +306,7 @@ class Admission:
         self.cost_counts = {"admitted": 0.0, "refused": 0.0, "completed": 0.0}
         """Cost admitted, refused (or left the queue) and completed successfully."""
         self.patience = PatienceEstimator()
+        self._last_arrival = -math.inf  # when the last request arrived (see _after_quiet)
         self.wait_bound = AdaptiveWaitBound(config.adaptive_wait_ceiling)
         """The queue-wait bound used when ``max_queue_wait`` is None."""
         # The shortest time a request granted now should take: the lower of the mean
@@ -394,8 +399,7 @@ class Admission:
 
     def client_gave_up(self, waited: float) -> None:
         """A client disconnected or timed out after ``waited`` seconds: learn its patience."""
-        self.patience.add(waited)
-        self.wait_bound.gave_up(waited)
+        self.patience.add(waited, self.now())
 
     def limit_changed(self) -> None:
         """Grant queued tickets now if the limit was raised outside a release.
@@ -423,6 +427,9 @@ class Admission:
         service time and the predicted work queued ahead of it.
         """
         now = self.clock.now()
+        if now - self._last_arrival > _QUIET_MIN_S:
+            self._after_quiet(now)
+        self._last_arrival = now
         if cost is not None:
             cost = check_cost(cost)
         if self._codel is not None:
@@ -522,6 +529,9 @@ class Admission:
         if cost is not None:
             cost = check_cost(cost)
         now = self.now()
+        if now - self._last_arrival > _QUIET_MIN_S:
+            self._after_quiet(now)
+        self._last_arrival = now
         if deadline is None:  # _effective_deadline, inlined: one call fewer per request
             patience = self.patience.patience if self.learn_patience else None
             if patience is not None:
@@ -542,6 +552,9 @@ class Admission:
     ) -> Token:
         """Admit now or raise Rejected; never queues. ``cost`` as for :meth:`submit`."""
         now = self.clock.now()
+        if now - self._last_arrival > _QUIET_MIN_S:
+            self._after_quiet(now)
+        self._last_arrival = now
         if cost is not None:
             cost = check_cost(cost)
         own_deadline = deadline
@@ -571,8 +584,7 @@ class Admission:
         self._dequeued(ticket)
         waited = now - ticket.enqueued_at
         if reason is RejectReason.CLIENT_GONE:
-            self.patience.add(waited)
-            self.wait_bound.gave_up(waited)
+            self.patience.add(waited, now)
             if self._feed_algorithm:
                 self.algorithm.gave_up(now)
         self._count_reject(reason, waited, ticket.cost)
@@ -623,6 +635,16 @@ class Admission:
         self._compact()
 
     # -------------------------------------------------------------- internals
+
+    def _after_quiet(self, now: float) -> None:
+        """A request after a quiet of over a second: if the quiet was also long against
+        the service time, the give-ups since the last arrival were the load leaving (a
+        load test that ended, connections drained), not clients out of patience: a
+        client that times out under load sends again, and open-loop traffic goes on."""
+        last = self._last_arrival
+        service = self.service.mean
+        if last > -_INF and (service is None or now - last > _QUIET_SERVICES * service):
+            self.patience.forget_after(last)
 
     def _effective_deadline(self, deadline: float | None, now: float) -> float | None:
         if deadline is None and self.learn_patience:
@@ -716,8 +738,7 @@ class Admission:
             return _DEFAULT_QUEUE_WAIT
         if not adaptive:
             return service
-        patience = self.patience.patience if self.learn_patience else None
-        return self.wait_bound.bound(service, patience)
+        return self.wait_bound.bound(service, self.patience.earliest)
 
     def max_wait(self, *, own_deadline: bool = False) -> float:
         """The queue-wait bound a request queued now gets, in seconds: the adaptive
@@ -832,8 +853,11 @@ class Admission:
             if mean is not None and service_s >= 0:  # a sample the estimator took
                 self._finish_estimate = service_s if service_s < mean else mean
                 self._success_at = now
+                self.patience.served(token.queue_wait + service_s, now)
                 if token.queue_wait > 0 and token.deadline is None and self.max_queue_wait is None:
-                    self.wait_bound.succeeded(token.queue_wait, mean, self.algorithm.limit)
+                    self.wait_bound.succeeded(
+                        token.queue_wait, mean, self.algorithm.limit, self.patience.earliest
+                    )
         if outcome is not _IGNORED and self._feed_algorithm:
             # tuple.__new__ builds the named tuple without its Python-level __new__.
             deadline = token.deadline

@@ -13,6 +13,8 @@ from loadshed.errors import ConfigError
 
 __all__ = ["PatienceEstimator", "ServiceTimeEstimator", "percentile"]
 
+_REFRESH_EVERY = 64  # successes between two recomputations of the patience estimate
+
 
 def percentile(sorted_values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of already sorted values, by nearest rank."""
@@ -115,36 +117,148 @@ class ServiceTimeEstimator:
 
 
 class PatienceEstimator:
-    """How long clients wait before giving up, learned from those that did.
+    """How long clients wait before giving up, learned from every request that ended.
 
-    A low percentile (default p10) of recent give-up waits becomes the default
-    deadline for requests that carry none: it is the wait most clients tolerate.
-    It stays unknown (None) until ``min_samples`` give-ups were seen.
+    A request whose client gave up after ``w`` seconds says its patience was ``w``; one
+    served after ``t`` seconds says its client would have waited more than ``t`` (a
+    right-censored observation). The Kaplan-Meier estimate over the last ``window``
+    give-ups and the last ``served_window`` successes gives the share of clients that
+    leave by each time; ``patience`` is the time by which ``quantile`` (default 10 %)
+    of them have left: the wait most clients tolerate, used as the default deadline of
+    requests that carry none. With no successes recorded it is the plain low
+    percentile of the give-ups.
+
+    The successes are what keep a few early give-ups from locking the limiter in: the
+    clients a load test cut off when it ended, or a caller that cancelled, are weighed
+    against the many that were served after waiting longer (refused requests teach
+    nothing: their clients got an answer). A give-up older than ``memory`` seconds is
+    forgotten, so a patience learned once is relearned from fresh give-ups or dropped;
+    and the admission core forgets the give-ups that no new request followed (the load
+    left: a load test ended, connections were drained).
+
+    ``patience`` stays None until ``min_samples`` give-ups are held, or while fewer
+    than ``quantile`` of the clients are estimated to leave by the longest time
+    observed. ``earliest`` is the same estimate from a single give-up on.
     """
 
-    def __init__(self, *, quantile: float = 0.1, window: int = 200, min_samples: int = 2) -> None:
+    __slots__ = (
+        "_dirty",
+        "_earliest",
+        "_give_ups",
+        "_memory",
+        "_min_samples",
+        "_quantile",
+        "_served",
+        "_served_since",
+    )
+
+    def __init__(
+        self,
+        *,
+        quantile: float = 0.1,
+        window: int = 200,
+        min_samples: int = 2,
+        served_window: int = 512,
+        memory: float = 60.0,
+    ) -> None:
         if not 0 < quantile <= 1:
             raise ConfigError("patience_quantile", f"must be in (0, 1], got {quantile}")
         if min_samples < 1:
             raise ConfigError("patience_min_samples", f"must be >= 1, got {min_samples}")
-        self._recent = _RecentValues(window)
+        if window < 1:
+            raise ConfigError("patience_window", f"must be >= 1, got {window}")
+        if served_window < 0:
+            raise ConfigError("patience_served_window", f"must be >= 0, got {served_window}")
+        if not memory > 0:
+            raise ConfigError("patience_memory", f"must be > 0 seconds, got {memory}")
+        # (waited, when it was recorded; -inf: never forgotten), oldest first
+        self._give_ups: deque[tuple[float, float]] = deque(maxlen=window)
+        self._served: deque[float] = deque(maxlen=served_window)
         self._quantile = quantile
         self._min_samples = min_samples
-        self._patience: float | None = None  # recomputed on each give-up: reads are hot
+        self._memory = memory
+        self._earliest: float | None = None
+        self._dirty = False  # recomputed when read after a change: reads are hot
+        self._served_since = 0  # successes since the last recomputation
 
-    def add(self, waited_seconds: float) -> None:
-        """Record that a client gave up after ``waited_seconds``."""
+    def add(self, waited_seconds: float, now: float | None = None) -> None:
+        """Record that a client gave up after ``waited_seconds`` (at time ``now``, for
+        ``memory``; None: never forgotten)."""
         if waited_seconds > 0:
-            self._recent.add(waited_seconds)
-            if len(self._recent) >= self._min_samples:
-                self._patience = self._recent.quantile(self._quantile)
+            self._give_ups.append((waited_seconds, -math.inf if now is None else now))
+            self._dirty = True
+
+    def served(self, waited_seconds: float, now: float) -> None:
+        """Record that a client was served after ``waited_seconds`` (it would have waited
+        longer); forget the give-ups older than ``memory`` at ``now``."""
+        if waited_seconds > 0:
+            self._served.append(waited_seconds)
+            give_ups = self._give_ups
+            if give_ups:
+                self._served_since += 1
+                if self._served_since >= _REFRESH_EVERY:
+                    self._dirty = True
+                horizon = now - self._memory
+                while give_ups and give_ups[0][1] < horizon:
+                    give_ups.popleft()
+                    self._dirty = True
+
+    def forget_after(self, start: float) -> None:
+        """Forget the give-ups recorded after ``start``: the load that arrived by then
+        left, and no more came (see ``Admission``: a quiet after give-ups)."""
+        give_ups = self._give_ups
+        while give_ups and give_ups[-1][1] > start:
+            give_ups.pop()
+            self._dirty = True
+
+    def _refresh(self) -> None:
+        self._dirty = False
+        self._served_since = 0
+        self._earliest = None
+        if not self._give_ups:
+            return
+        # Give-ups before successes at the same time: those served were still waiting.
+        events = sorted(
+            [(waited, 0) for waited, _ in self._give_ups] + [(t, 1) for t in self._served]
+        )
+        at_risk = len(events)
+        survival = 1.0
+        threshold = 1.0 - self._quantile + 1e-9  # a product of fractions rounds
+        index, count = 0, len(events)
+        while index < count:
+            at, _ = events[index]
+            left = 0
+            end = index
+            while end < count and events[end][0] == at:
+                if events[end][1] == 0:
+                    left += 1
+                end += 1
+            if left:
+                survival *= 1.0 - left / at_risk
+                if survival <= threshold:
+                    self._earliest = at
+                    return
+            at_risk -= end - index
+            index = end
 
     @property
     def samples(self) -> int:
         """How many give-ups the window holds."""
-        return len(self._recent)
+        return len(self._give_ups)
+
+    @property
+    def earliest(self) -> float | None:
+        """The patience estimate from one give-up on (the adaptive wait bound shrinks
+        to it at once), or None."""
+        if self._dirty:
+            self._refresh()
+        return self._earliest
 
     @property
     def patience(self) -> float | None:
-        """The learned patience in seconds, or None while too few give-ups were seen."""
-        return self._patience
+        """The learned patience in seconds, or None while unknown (see the class)."""
+        if self._dirty:
+            self._refresh()
+        if len(self._give_ups) < self._min_samples:
+            return None
+        return self._earliest

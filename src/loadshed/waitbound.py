@@ -15,21 +15,22 @@ then runs) and:
   exceeds ``ceiling`` seconds of response time (wait plus the mean service time,
   read now: a model that gets slower shortens the wait at once), well inside any
   plausible client timeout;
-- **shrinks at once when a client gives up**: to half the time that client waited,
-  and for good to half the learned patience (the low percentile of give-ups) once
-  there is one; and in both cases to at most that time less two mean service times,
-  so that a request that waited the whole bound still has two mean service times
-  of its client's patience left to be served in (with exponential service, one in
-  seven runs longer than that). Deadlines the requests carry bound their own waits
-  anyway.
+- **shrinks at once when clients give up**: to half the learned patience (the time
+  by which one client in ten leaves, from the first give-up on; see
+  ``loadshed.estimate.PatienceEstimator``), and to at most that time less two mean
+  service times, so that a request that waited the whole bound still has two mean
+  service times of its client's patience left to be served in (with exponential
+  service, one in seven runs longer than that); and it does not grow while that
+  patience is known. The patience weighs give-ups against the clients served after
+  waiting longer, and forgets old give-ups: a few clients that leave early (a load
+  test closing its connections) do not hold the bound down for good. Deadlines the
+  requests carry bound their own waits anyway.
 
 It never goes below one mean service time: that was, and stays, the floor. The class
 is pure: the admission core hands it every value it needs.
 """
 
 from __future__ import annotations
-
-import math
 
 from loadshed.checks import check_number
 
@@ -50,12 +51,11 @@ class AdaptiveWaitBound:
     client has given up; 0 keeps it at one mean service time.
     """
 
-    __slots__ = ("_grown", "_pressed", "_shortest_give_up", "ceiling")
+    __slots__ = ("_grown", "_pressed", "ceiling")
 
     def __init__(self, ceiling: float = DEFAULT_WAIT_CEILING) -> None:
         self.ceiling = check_number("adaptive_wait_ceiling", ceiling, minimum=0, unit="seconds")
         self._grown = 0.0  # seconds of wait earned by patient clients (0: none yet)
-        self._shortest_give_up = math.inf  # the shortest wait of a client that gave up
         self._pressed = False  # the bound turned a request away since it last grew
 
     def bound(self, service_mean: float, patience: float | None) -> float:
@@ -65,11 +65,10 @@ class AdaptiveWaitBound:
         top = self.ceiling - service_mean
         if wait > top:
             wait = top
-        for waited in (self._shortest_give_up, patience):
-            if waited is not None and waited < math.inf:
-                cut = min(waited * _SHRINK_TO, waited - _SERVICE_LEFT * service_mean)
-                if wait > cut:
-                    wait = cut
+        if patience is not None:
+            cut = min(patience * _SHRINK_TO, patience - _SERVICE_LEFT * service_mean)
+            if wait > cut:
+                wait = cut
         return wait if wait > service_mean else service_mean
 
     def pressed(self) -> None:
@@ -77,10 +76,13 @@ class AdaptiveWaitBound:
         timed out in the queue)."""
         self._pressed = True
 
-    def succeeded(self, queue_wait: float, service_mean: float, limit: int) -> None:
-        """A queued request succeeded after waiting ``queue_wait`` seconds."""
-        if not self._pressed or self._shortest_give_up < math.inf:
-            return  # nothing to gain, or a client gave up: never grow again
+    def succeeded(
+        self, queue_wait: float, service_mean: float, limit: int, patience: float | None = None
+    ) -> None:
+        """A queued request succeeded after waiting ``queue_wait`` seconds; ``patience``
+        as for :meth:`bound`."""
+        if not self._pressed or patience is not None:
+            return  # nothing to gain, or clients give up: no growth while they do
         current = self._grown if self._grown > service_mean else service_mean
         top = self.ceiling - service_mean
         if queue_wait < current * _GROW_AT or current >= top:
@@ -88,8 +90,3 @@ class AdaptiveWaitBound:
         grown = current + service_mean / (limit if limit > 1 else 1)
         self._grown = grown if grown < top else top
         self._pressed = False
-
-    def gave_up(self, waited: float) -> None:
-        """A client left after ``waited`` seconds: shrink the bound at once."""
-        if 0 < waited < self._shortest_give_up:
-            self._shortest_give_up = waited
