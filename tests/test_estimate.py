@@ -89,3 +89,21 @@ def test_patience_is_the_kaplan_meier_quantile_and_old_give_ups_are_forgotten() 
     for bad in ({"window": 0}, {"served_window": -1}, {"memory": 0.0}):
         with pytest.raises(ConfigError):
             PatienceEstimator(**bad)  # type: ignore[arg-type]
+
+
+def test_a_few_clients_that_leave_early_do_not_set_everyone_s_patience() -> None:
+    # Browsers that navigate away: 5 % of the clients leave after 10 ms, the rest wait
+    # and are served after 50 to 500 ms. The p10 of the give-ups alone would be 10 ms
+    # (every request that must queue refused); one client in ten does not leave by then.
+    estimator = PatienceEstimator()
+    for i in range(400):
+        if i % 20 == 0:
+            estimator.add(0.010, now=i * 0.01)
+        else:
+            estimator.served(0.05 + (i % 10) * 0.05, now=i * 0.01)
+    assert estimator.samples == 20
+    assert estimator.patience is None
+    # A quarter of them leaving by 10 ms (120 of 500) is a patience of 10 ms.
+    for i in range(400, 500):
+        estimator.add(0.010, now=i * 0.01)
+    assert estimator.patience == pytest.approx(0.010)
