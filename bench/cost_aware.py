@@ -159,6 +159,26 @@ def run(
                 # alone, without little's limit
                 "workers_aware_vs_oracle": round(workers_aware / oracle, 4),
             }
+        # The best any one hand-set limit does on both counts at once (each as a share
+        # of its own count's oracle): what "at least x of the oracle on both" can reach.
+        both = max(
+            (
+                min(
+                    mean(f"fixed:{n}", aware, 0) / row["requests"]["oracle"],
+                    mean(f"fixed:{n}", aware, 1) / row["cost"]["oracle"],
+                ),
+                n,
+                aware,
+            )
+            for n in cell.fixed_grid()
+            for aware in (True, False)
+        )
+        little_both = min(row["requests"]["aware_vs_oracle"], row["cost"]["aware_vs_oracle"])
+        row["both"] = {
+            "best_fixed": round(both[0], 4),
+            "best_fixed_limit": f"fixed:{both[1]} {'aware' if both[2] else 'blind'}",
+            "little_aware": round(little_both, 4),
+        }
         rows.append(row)
     return rows
 
@@ -185,14 +205,23 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             f"{min(blind):.3f}, median {statistics.median(blind):.3f}; aware ahead of blind in "
             f"{ahead}/{len(rows)}"
         )
+    best = [r["both"]["best_fixed"] for r in rows]
+    little_both = [r["both"]["little_aware"] for r in rows]
+    lines.append(
+        f"- both counts at once (the lower of the two shares): the best single `fixed:N` "
+        f"min {min(best):.3f}, median {statistics.median(best):.3f}, below 0.95 in "
+        f"{sum(1 for v in best if v < 0.95)}/{len(rows)}; cost-aware little min "
+        f"{min(little_both):.3f}, median {statistics.median(little_both):.3f}"
+    )
     lines += [
         "",
         "`fixed:W aware` is a limit of the worker count, told the costs: the cost mechanism",
         "without `little`'s limit.",
         "",
         "| cell | requests: oracle | little aware | little blind | fixed:W aware "
-        "| cost units: oracle | little aware | little blind | fixed:W aware |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| cost units: oracle | little aware | little blind | fixed:W aware "
+        "| both: best fixed | little aware |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         cols = [r["label"]]
@@ -204,6 +233,11 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
                 f"{x['blind_vs_oracle']:.2f}",
                 f"{x['workers_aware_vs_oracle']:.2f}",
             ]
+        both = r["both"]
+        cols += [
+            f"{both['best_fixed']:.2f} ({both['best_fixed_limit']})",
+            f"{both['little_aware']:.2f}",
+        ]
         lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines) + "\n"
 
