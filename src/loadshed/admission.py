@@ -54,7 +54,7 @@ _MAX_RETRY_AFTER = 3600.0  # seconds: a Retry-After beyond an hour says nothing 
 _STALE_ESTIMATES = 10.0
 _STALE_MIN_S = 1.0
 # A request after a quiet this long (seconds) and this many mean service times: the
-# give-ups since the request before it were the load leaving (see _after_quiet).
+# give-ups since the request before it were the load leaving (see _arrived).
 _QUIET_MIN_S = 1.0
 _QUIET_SERVICES = 10.0
 _new_sample = tuple.__new__
@@ -306,7 +306,7 @@ class Admission:
         self.cost_counts = {"admitted": 0.0, "refused": 0.0, "completed": 0.0}
         """Cost admitted, refused (or left the queue) and completed successfully."""
         self.patience = PatienceEstimator()
-        self._last_arrival = -math.inf  # when the last request arrived (see _after_quiet)
+        self._last_arrival = -math.inf  # when the last request arrived (see _arrived)
         self.wait_bound = AdaptiveWaitBound(config.adaptive_wait_ceiling)
         """The queue-wait bound used when ``max_queue_wait`` is None."""
         # The shortest time a request granted now should take: the lower of the mean
@@ -427,9 +427,7 @@ class Admission:
         service time and the predicted work queued ahead of it.
         """
         now = self.clock.now()
-        if now - self._last_arrival > _QUIET_MIN_S:
-            self._after_quiet(now)
-        self._last_arrival = now
+        self._arrived(now)
         if cost is not None:
             cost = check_cost(cost)
         if self._codel is not None:
@@ -529,9 +527,7 @@ class Admission:
         if cost is not None:
             cost = check_cost(cost)
         now = self.now()
-        if now - self._last_arrival > _QUIET_MIN_S:
-            self._after_quiet(now)
-        self._last_arrival = now
+        self._arrived(now)
         if deadline is None:  # _effective_deadline, inlined: one call fewer per request
             patience = self.patience.patience if self.learn_patience else None
             if patience is not None:
@@ -552,9 +548,7 @@ class Admission:
     ) -> Token:
         """Admit now or raise Rejected; never queues. ``cost`` as for :meth:`submit`."""
         now = self.clock.now()
-        if now - self._last_arrival > _QUIET_MIN_S:
-            self._after_quiet(now)
-        self._last_arrival = now
+        self._arrived(now)
         if cost is not None:
             cost = check_cost(cost)
         own_deadline = deadline
@@ -636,15 +630,17 @@ class Admission:
 
     # -------------------------------------------------------------- internals
 
-    def _after_quiet(self, now: float) -> None:
-        """A request after a quiet of over a second: if the quiet was also long against
+    def _arrived(self, now: float) -> None:
+        """A request arrived. After a quiet of over a second that was also long against
         the service time, the give-ups since the last arrival were the load leaving (a
         load test that ended, connections drained), not clients out of patience: a
         client that times out under load sends again, and open-loop traffic goes on."""
         last = self._last_arrival
-        service = self.service.mean
-        if last > -_INF and (service is None or now - last > _QUIET_SERVICES * service):
-            self.patience.forget_after(last)
+        self._last_arrival = now
+        if now - last > _QUIET_MIN_S and last > -_INF:
+            service = self.service.mean
+            if service is None or now - last > _QUIET_SERVICES * service:
+                self.patience.forget_after(last)
 
     def _effective_deadline(self, deadline: float | None, now: float) -> float | None:
         if deadline is None and self.learn_patience:

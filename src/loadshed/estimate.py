@@ -217,29 +217,22 @@ class PatienceEstimator:
         self._earliest = None
         if not self._give_ups:
             return
-        # Give-ups before successes at the same time: those served were still waiting.
+        # Give-ups (0) before successes (1) at the same time: those served were still
+        # waiting. One event at a time: d give-ups among n at risk multiply the
+        # survival by (n-1)/n ... (n-d)/(n-d+1) = 1 - d/n, as Kaplan-Meier groups them.
         events = sorted(
             [(waited, 0) for waited, _ in self._give_ups] + [(t, 1) for t in self._served]
         )
         at_risk = len(events)
         survival = 1.0
         threshold = 1.0 - self._quantile + 1e-9  # a product of fractions rounds
-        index, count = 0, len(events)
-        while index < count:
-            at, _ = events[index]
-            left = 0
-            end = index
-            while end < count and events[end][0] == at:
-                if events[end][1] == 0:
-                    left += 1
-                end += 1
-            if left:
-                survival *= 1.0 - left / at_risk
+        for waited, was_served in events:
+            if not was_served:
+                survival *= 1.0 - 1.0 / at_risk
                 if survival <= threshold:
-                    self._earliest = at
+                    self._earliest = waited
                     return
-            at_risk -= end - index
-            index = end
+            at_risk -= 1
 
     @property
     def samples(self) -> int:
