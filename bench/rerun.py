@@ -27,40 +27,24 @@ import argparse
 import json
 import os
 import shlex
-import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from loadshed.errors import ConfigError
 from loadshed.units import parse_duration, parse_int_list
 from retry_storm import (
-    HEY,
     Server,
     Tree,
     add_shared_arguments,
     calibrate,
+    check_drivers,
     drive_hey,
     drive_loadshed,
     parse_src,
 )
-
-
-def wait_bound(server: Server) -> float | None:
-    """``loadshed_queue_wait_bound_seconds`` from ``/metrics`` (None if absent)."""
-    try:
-        with urllib.request.urlopen(f"{server.url}/metrics", timeout=5.0) as response:
-            text = response.read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("loadshed_queue_wait_bound_seconds"):
-            value = float(line.rsplit(" ", 1)[1])
-            return None if value != value else value
-    return None
 
 
 def run_sequence(
@@ -105,8 +89,6 @@ def run_sequence(
                         )
                     time.sleep(pause)  # the server sees the last run's clients leave
                     metrics = server.metrics()
-                    if variant == "protected":
-                        metrics["wait_bound"] = wait_bound(server)
                     row = {
                         "driver": driver,
                         "run": index + 1,
@@ -170,12 +152,13 @@ def render(
         other = keyed.get((row["driver"], row["run"], row["tree"], "unprotected"))
         metrics = row["metrics"]
         limit = metrics.get("limit")
+        bound = metrics.get("queue_wait_bound_seconds")
         other_ok = "-" if other is None else f"{other['ok_rps']:.1f}"
         other_timeouts = "-" if other is None else f"{other['timeouts']:,}"
         lines.append(
             f"| {row['driver']} | {row['run']} | {row['clients']} | {row['tree']} | "
             f"{row['ok_rps']:.1f} | {row['rejected']:,} | {row['timeouts']:,} | "
-            f"{_s(metrics.get('patience_seconds'))} | {_s(metrics.get('wait_bound'))} | "
+            f"{_s(metrics.get('patience_seconds'))} | {_s(bound)} | "
             f"{'-' if limit is None else f'{limit:g}'} | "
             f"{other_ok} | {other_timeouts} |"
         )
@@ -189,7 +172,7 @@ def main() -> int:
     parser.add_argument("--warmup", default="1s", help="unmeasured lead-in per run")
     parser.add_argument("--pause", default="2s", help="time between runs")
     parser.add_argument("--timeout", default="2s", help="client timeout (hey: whole seconds)")
-    parser.add_argument("--drivers", default="loadshed", help="loadshed, hey, or loadshed,hey")
+    parser.add_argument("--drivers", default="loadshed", help="loadshed, hey, or both")
     add_shared_arguments(parser)
     args = parser.parse_args()
     try:
@@ -201,19 +184,9 @@ def main() -> int:
         trees = parse_src(args.src)
     except (ValueError, ConfigError) as error:
         parser.error(str(error))
-    drivers = [d.strip() for d in args.drivers.split(",") if d.strip()]
-    if not drivers or any(d not in ("hey", "loadshed") for d in drivers):
-        parser.error(f"--drivers: loadshed, hey or loadshed,hey, got {args.drivers!r}")
-    if args.trees is not None and args.trees < 1:
-        parser.error("--trees must be >= 1")
-    notes: list[str] = []
-    if "hey" in drivers and not (os.access(HEY, os.X_OK) or shutil.which("hey")):
-        message = f"hey not found at {HEY} (apt-get install hey): the hey driver is skipped"
-        print(message, file=sys.stderr)
-        notes.append(message)
-        drivers.remove("hey")
-        if not drivers:
-            parser.error(message)
+    drivers, notes = check_drivers(parser, args)
+    if not drivers:
+        parser.error("--drivers: hey is not installed, and no other driver was given")
     command = "python bench/rerun.py " + shlex.join(sys.argv[1:])
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rerun-") as work:

@@ -245,6 +245,7 @@ class Server:
             if name in (
                 "loadshed_limit",
                 "loadshed_patience_seconds",
+                "loadshed_queue_wait_bound_seconds",
                 "loadshed_service_time_estimate_seconds",
             ):
                 figures[name.removeprefix("loadshed_")] = None if math.isnan(value) else value
@@ -866,6 +867,27 @@ def add_shared_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", type=Path, help="write every figure here")
 
 
+def check_drivers(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> tuple[list[str], list[str]]:
+    """``--drivers`` and ``--trees`` checked (a parser error otherwise); hey dropped, with a
+    note, when it is not installed. Returns the drivers and the notes."""
+    drivers = [d.strip() for d in args.drivers.split(",") if d.strip()]
+    if drivers == ["both"]:
+        drivers = ["hey", "loadshed"]
+    if not drivers or any(d not in ("hey", "loadshed") for d in drivers):
+        parser.error(f"--drivers: hey, loadshed, hey,loadshed or both, got {args.drivers!r}")
+    if args.trees is not None and args.trees < 1:
+        parser.error("--trees must be >= 1")
+    notes: list[str] = []
+    if "hey" in drivers and not (os.access(HEY, os.X_OK) or shutil.which("hey")):
+        message = f"hey not found at {HEY} (apt-get install hey): the hey driver is skipped"
+        print(message, file=sys.stderr)
+        notes.append(message)
+        drivers.remove("hey")
+    return drivers, notes
+
+
 def parse_src(values: Sequence[str]) -> list[Tree]:
     trees = [Tree("this tree", None)]
     for value in values:
@@ -914,19 +936,7 @@ def main() -> int:
         trees = parse_src(args.src)
     except (ValueError, ConfigError) as error:
         parser.error(str(error))
-    drivers = [d.strip() for d in args.drivers.split(",") if d.strip()]
-    if drivers == ["both"]:
-        drivers = ["hey", "loadshed"]
-    if not drivers or any(d not in ("hey", "loadshed") for d in drivers):
-        parser.error(f"--drivers: hey, loadshed, hey,loadshed or both, got {args.drivers!r}")
-    if args.trees is not None and args.trees < 1:
-        parser.error("--trees must be >= 1")
-    notes: list[str] = []
-    if "hey" in drivers and not (os.access(HEY, os.X_OK) or shutil.which("hey")):
-        message = f"hey not found at {HEY} (apt-get install hey): the hey driver is skipped"
-        print(message, file=sys.stderr)
-        notes.append(message)
-        drivers.remove("hey")
+    drivers, notes = check_drivers(parser, args)
     if "hey" in drivers and timeout != round(timeout):
         notes.append(f"hey takes whole seconds: -t {max(1, round(timeout))}")
 
