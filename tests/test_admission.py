@@ -258,6 +258,22 @@ def test_the_algorithm_hears_of_clients_that_left_the_queue_and_of_slack() -> No
     assert algorithm.samples[-1].slack == pytest.approx(0.75)
 
 
+def test_the_algorithm_hears_how_long_a_request_waited_for_its_slot() -> None:
+    adm, algorithm, clock = make(limit=1)
+    rec = Recorder()
+    holder = rec.submit(adm, "a")
+    ticket = rec.submit(adm, "b")
+    assert isinstance(holder, Token) and isinstance(ticket, Ticket)
+    clock.advance(0.3)
+    holder.success()
+    assert algorithm.samples[-1].waited == 0.0  # admitted at once
+    ((_, token),) = rec.granted
+    clock.advance(0.1)
+    token.dropped()
+    assert algorithm.samples[-1].waited == pytest.approx(0.3)
+    assert algorithm.samples[-1].dropped
+
+
 def test_lifo_serves_newest_first() -> None:
     adm, _, _ = make(limit=1, discipline="lifo")
     rec = Recorder()

@@ -860,7 +860,15 @@ class Admission:
             slack = _INF if deadline is None else deadline - now
             sample = _new_sample(
                 Sample,
-                (service_s, token.inflight_at_admit, outcome is _DROPPED, now, self._queued, slack),
+                (
+                    service_s,
+                    token.inflight_at_admit,
+                    outcome is _DROPPED,
+                    now,
+                    self._queued,
+                    slack,
+                    token.queue_wait,
+                ),
             )
             self.algorithm.update(sample)
         if self._listeners:

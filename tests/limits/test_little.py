@@ -403,6 +403,56 @@ def test_drops_without_a_queue_do_not_end_start_up() -> None:
     assert share >= 0.71
 
 
+@pytest.mark.parametrize(
+    ("clients", "service", "timeout", "deadlines"),
+    # The robustness matrix's cells: a timeout of 3 x 0.2 s (in floating point a hair
+    # over 0.6 s: served exactly at its deadline), and one of 5 x 0.1 s, not sent.
+    [(19, 0.2, 3 * 0.2, True), (32, 0.1, 5 * 0.1, False)],
+    ids=["deadline-tie", "no-deadline"],
+)
+def test_drops_of_requests_late_before_admission_do_not_back_off_start_up(
+    clients: int, service: float, timeout: float, deadlines: bool
+) -> None:
+    # 16 constant workers behind closed-loop clients: in start-up the requests queued
+    # for a slot are admitted with too little time left and dropped though served
+    # as fast as with no queue. Counted as overload they backed start-up off at 2
+    # or 4 slots and the limit cruised there until the next probe (0.93 of
+    # capacity both ways); only drops that met a queue beyond the limit count now.
+    share = closed_loop_share(
+        clients=clients,
+        workers=16,
+        service=ServiceConfig(service),
+        timeout=timeout,
+        deadlines=deadlines,
+        duration=300 * service,
+    )
+    assert share >= 0.965
+
+
+def test_a_drop_that_waited_for_its_slot_and_met_no_queue_is_no_overload() -> None:
+    # Start-up at 4 slots on a 0.1 s constant service: a round of drops that waited
+    # for admission and were served in the unqueued time leaves start-up as it was; the
+    # same drops admitted at once (no wait: the queue was behind the limit) back off.
+    def after_drops(waited: float) -> tuple[int, str]:
+        little = Little(initial_limit=4)
+        now = 0.0
+        for _ in range(2):  # a round of successes: the minimum latency is known
+            now += 0.1
+            for _ in range(2):
+                little.update(Sample(rtt=0.1, inflight=4, dropped=False, now=now, queued=8))
+        now += 0.1
+        for _ in range(4):
+            little.update(
+                Sample(rtt=0.1, inflight=4, dropped=True, now=now, queued=8, waited=waited)
+            )
+        return little.limit, little.state
+
+    limit, state = after_drops(waited=0.3)
+    assert limit >= 4 and state == "startup"
+    limit, state = after_drops(waited=0.0)
+    assert limit < 4 and state == "cruise"
+
+
 def test_a_probe_overshoot_is_not_taken_for_a_slower_service() -> None:
     # 16 exponential workers, bursts at 2x load: a probe that doubled to 46 slots
     # left a queue that the drain after it still saw at twice the mean, which read

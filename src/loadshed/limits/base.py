@@ -28,6 +28,8 @@ class Sample(NamedTuple):
         the limit, which tells an algorithm the limit is binding.
     slack: seconds left before the request's deadline (its own, or the clients'
         learned patience) when it was released; inf without one.
+    waited: seconds the request waited for admission before it was admitted (0 if
+        admitted at once or unknown).
 
     A named tuple (immutable, like a frozen dataclass) because one is built per
     released request: on CPython 3.11 a frozen dataclass took ~1 us to build, a
@@ -40,6 +42,7 @@ class Sample(NamedTuple):
     now: float
     queued: int = 0
     slack: float = math.inf
+    waited: float = 0.0
 
 
 def check_bounds(initial: int, min_limit: int, max_limit: int) -> None:

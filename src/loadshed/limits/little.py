@@ -287,7 +287,16 @@ class Little(LimitAlgorithm):
         if sample.queued > 0:
             self._round_saturated = True  # demand beyond the limit right now
         dropped = sample.dropped
-        if dropped and in_round and sample.inflight <= self._limit:
+        if (
+            dropped
+            and in_round
+            and sample.inflight <= self._limit
+            and (self._variable or sample.waited <= 0.0 or rtt > _LEVEL_RISE * self._latency_min)
+        ):
+            # A request that waited for its slot and was then served as fast as with
+            # no queue was late before it was admitted: a lower limit would only make
+            # it wait longer, so its drop is no sign of overload (with constant
+            # service such drops backed start-up off at 2 slots of 16).
             self._round_drops += 1
         # A request dropped after holding its slot about as long as a service (served
         # after its client left or its deadline passed) measured a worker's time:
