@@ -429,6 +429,23 @@ def test_drops_of_requests_late_before_admission_do_not_back_off_start_up(
     assert share >= 0.965
 
 
+def test_late_admitted_drops_do_not_lock_the_limit_in_at_zero_goodput() -> None:
+    # 16 constant workers, 19 clients that retry at once, a deadline of 2 service
+    # times: a request that waited one service time for its slot is served exactly at
+    # its deadline. Counted as overload, each such drop backed the limit off, which
+    # made the next requests wait longer: the limit sank to 1 and goodput to 0.02 of
+    # capacity (bench/closed_loop_sweep.py).
+    share = closed_loop_share(
+        clients=19,
+        workers=16,
+        service=ServiceConfig(0.1),
+        timeout=2 * 0.1,
+        deadlines=True,
+        duration=20.0,
+    )
+    assert share >= 0.85
+
+
 def test_a_drop_that_waited_for_its_slot_and_met_no_queue_is_no_overload() -> None:
     # Start-up at 4 slots on a 0.1 s constant service: a round of drops that waited
     # for admission and were served in the unqueued time leaves start-up as it was; the
