@@ -106,6 +106,7 @@ class Little(LimitAlgorithm):
     _round_rate: float
     _round_own_rate: float
     _round_drops: int
+    _round_low_drops: int  # of those, admitted with fewer in flight than the estimate
     _round_saturated: bool
     # in-flight level -> [count, latency sum, squared successive differences, their count]
     _round_levels: dict[int, list[float]]
@@ -198,6 +199,7 @@ class Little(LimitAlgorithm):
         self._latency_sd = 0.0
         self._cut_threshold = math.inf
         self._cut_above = 0  # see _end_round
+        self._estimate_slots = 0  # the estimate in whole slots (0: unknown)
         # (completions seen, latency sum, requests) not yet pooled into a rate
         self._previous_rate_parts = (0.0, 0.0, 0.0)
         self._level_last: dict[int, float] = {}  # the last latency seen per in-flight level
@@ -298,6 +300,8 @@ class Little(LimitAlgorithm):
             # it wait longer, so its drop is no sign of overload (with constant
             # service such drops backed start-up off at 2 slots of 16).
             self._round_drops += 1
+            if sample.inflight < self._estimate_slots:
+                self._round_low_drops += 1
         # A request dropped after holding its slot about as long as a service (served
         # after its client left or its deadline passed) measured a worker's time:
         # means without it keep only the requests short enough to beat the timeout,
@@ -401,6 +405,7 @@ class Little(LimitAlgorithm):
         self._round_rate = 0.0
         self._round_own_rate = 0.0
         self._round_drops = 0
+        self._round_low_drops = 0
         self._round_saturated = False
         self._round_levels = {}
         self._round_completed = 0
@@ -412,6 +417,8 @@ class Little(LimitAlgorithm):
     def _end_round(self, now: float) -> None:
         assert self._round_start is not None
         successes, drops = self._round_successes, self._round_drops
+        # Only requests admitted at the estimate or over it dropped: its last slot queued.
+        top_drops = drops > 0 and self._round_low_drops == 0
         rate = self._round_rate
         own_rate = self._round_own_rate
         latency = self._round_latency
@@ -518,7 +525,7 @@ class Little(LimitAlgorithm):
         elif self._state is _State.PROBE:
             self._probe_round(own_rate, overloaded, bdp)
         else:
-            self._cruise_round(rate, own_rate, queue_formed, overloaded, bdp)
+            self._cruise_round(rate, own_rate, queue_formed, overloaded, top_drops, bdp)
 
     def _forget_faster_past(self, latency: float) -> None:
         """Draining did not bring latency down: the service itself got slower. Forget
@@ -527,6 +534,9 @@ class Little(LimitAlgorithm):
         workers = self._slots(self.estimate())
         self._drop_headroom()
         self._floor = 0
+        # A ceiling and the drain's verdict compare rates of the faster past: void.
+        self._ceiling = None
+        self._cruise_rate = 0.0
         self._rounds.clear()
         self._rounds.append((workers / latency, latency))
         if self._variable:
@@ -548,7 +558,8 @@ class Little(LimitAlgorithm):
         self._cut_threshold = _SAMPLE_QUEUE_RISE * self._queue_free_latency()
         # _cut_if_queued acts only above this limit; known here, where the filters move,
         # so a run of slow samples does not recompute it each time.
-        self._cut_above = self._slots(bdp) + self._headroom + 1 if bdp > 0 else 0
+        self._estimate_slots = self._slots(bdp) if bdp > 0 else 0
+        self._cut_above = self._estimate_slots + self._headroom + 1 if bdp > 0 else 0
         if self._variable:
             # One slow request is the service's tail, not a queue: rounds judge.
             self._cut_threshold = math.inf
@@ -592,7 +603,13 @@ class Little(LimitAlgorithm):
         self._enter_cruise(bdp)
 
     def _cruise_round(
-        self, rate: float, own_rate: float, queue_formed: bool, overloaded: bool, bdp: float
+        self,
+        rate: float,
+        own_rate: float,
+        queue_formed: bool,
+        overloaded: bool,
+        top_drops: bool,
+        bdp: float,
     ) -> None:
         # The best rate of the round, not only of the requests it admitted: with a
         # round ending in the middle of a burst of completions (constant service in
@@ -608,6 +625,20 @@ class Little(LimitAlgorithm):
             self._enter_drain()
         elif self._cruise_rounds >= self._probe_interval and not overloaded:
             self._enter_probe(own_rate, bdp)
+        elif (
+            top_drops
+            and not self._variable
+            and not self._headroom
+            and self._limit >= self._slots(bdp) > self.min_limit
+        ):
+            # Requests admitted at the estimate timed out in the origin's queue, and
+            # none admitted under it (drops late before admission do not count; work
+            # left by clients who gave up delays every level alike): the estimate
+            # reads a slot too many (completions that bunch read the delivery rate
+            # high). One slot off, held as a ceiling until a probe shows the rate grow
+            # with it.
+            self._ceiling = self._slots(bdp) - 1
+            self._limit = self._clamp(self._base(bdp))
         else:
             if overloaded and self._headroom:
                 self._impatient_clients(give_back=True)  # requests dropped
