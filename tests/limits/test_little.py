@@ -549,3 +549,27 @@ def test_e2_with_a_real_machines_jitter_recovers_the_slot_it_reads_wrong(
     )
     after = next(step for step in result["steps"] if step["phase"] == "after")
     assert after["goodput_ratio"] >= floor, after
+
+
+def test_drops_at_the_estimate_only_take_one_slot_back() -> None:
+    # Steady service, cruising at 7 workers: a round in which a request admitted at the
+    # estimate timed out in the origin's queue (and none admitted below it) takes a
+    # slot back and holds it as a ceiling; the same drop admitted at a low level (work
+    # left by clients who gave up delays every level alike) leaves the limit alone.
+    def after_two_rounds(drop_level: int | None) -> tuple[int, int]:
+        little = Little()
+        now = feed_fifo_origin(little, workers=7, service=0.1, seconds=30, settle=True)
+        assert (little.limit, little.state) == (7, "cruise")
+        for _ in range(2):
+            for i in range(7):
+                now += 0.1
+                dropped = i == 3  # admitted 0.25 s ago: inside the round
+                level = drop_level if dropped and drop_level is not None else 7
+                sample = Sample(
+                    rtt=0.25 if dropped else 0.1, inflight=level, dropped=dropped, now=now, queued=5
+                )
+                little.update(sample)
+        return little.limit, little.state == "cruise"
+
+    assert after_two_rounds(drop_level=None) == (6, True)
+    assert after_two_rounds(drop_level=2) == (7, True)
