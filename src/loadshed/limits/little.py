@@ -629,7 +629,7 @@ class Little(LimitAlgorithm):
             top_drops
             and not self._variable
             and not self._headroom
-            and self._limit >= self._slots(bdp) > self.min_limit
+            and self._limit >= self._estimate_slots > self.min_limit
         ):
             # Requests admitted at the estimate timed out in the origin's queue, and
             # none admitted under it (drops late before admission do not count; work
@@ -637,7 +637,7 @@ class Little(LimitAlgorithm):
             # reads a slot too many (completions that bunch read the delivery rate
             # high). One slot off, held as a ceiling until a probe shows the rate grow
             # with it.
-            self._ceiling = self._slots(bdp) - 1
+            self._ceiling = self._estimate_slots - 1
             self._limit = self._clamp(self._base(bdp))
         else:
             if overloaded and self._headroom:
