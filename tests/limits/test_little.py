@@ -133,6 +133,9 @@ def test_variable_service_switches_to_means() -> None:
     assert "variable" in little.describe()
     # One worker serving one request at a time: the mean latency is that of the service.
     assert little.limit <= 2
+    # Every request at one level: no rise to fit, and the unqueued mean is the service's.
+    assert little.knee is None
+    assert little.service_mean == pytest.approx(sum(times) / len(times), rel=0.1)
 
 
 def test_latencies_near_zero_never_overflow_the_estimate() -> None:

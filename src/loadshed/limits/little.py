@@ -249,6 +249,19 @@ class Little(LimitAlgorithm):
         """True while service times vary widely and means replace minima."""
         return self._variable
 
+    @property
+    def knee(self) -> int | None:
+        """Variable service: the in-flight level where the fitted latency starts to rise
+        (the workers, if requests under it were seen), or None while the levels show
+        no significant rise (``loadshed.limits.knee``)."""
+        return self._knee
+
+    @property
+    def service_mean(self) -> float:
+        """The mean latency without a queue fitted to the in-flight levels (seconds;
+        the estimate's latency while service times vary); inf before the first fit."""
+        return self._latency_mean
+
     def estimate(self) -> float:
         """The bandwidth-delay product (rate_max x latency_min), or 0 while unknown.
 

@@ -1,0 +1,173 @@
+"""Where ``little`` spends a robustness cell: its limit over time, against hand-set limits.
+
+    .venv/bin/python bench/little_trace.py "w16 exponential 50ms poisson 1.5x t3 steady deadline"
+    .venv/bin/python bench/little_trace.py 2 --seeds 1,2 --rounds 5   # core cell 2, every 5th round
+    .venv/bin/python bench/little_trace.py 19 --sample-seed 7   # cell 19 of that draw
+
+The cell is given by its label (as ``bench/robustness.py`` prints it) or by its index
+in the draw of ``--cells`` cells from ``--sample-seed`` (indexes 0-7 are the core
+cells). For each seed: the cell's score (goodput over what could be served) for
+``little`` and for each ``--fixed`` limit (by default the workers and one slot
+either side), the share of the run ``little`` spent at each limit (weighted by
+time), the share in each state, and when start-up last ended. ``--rounds K``
+also prints every K-th round's end: time, state, limit, estimate, and with variable
+service the fitted knee and unqueued mean latency. Deterministic per seed, like the
+matrix.
+
+A diagnostic for changes to ``little``: the matrix says which cell loses; this says
+whether it loses in start-up, in cruise above or below the workers, or after the
+cell's change (reported time: seconds of virtual time; the change is at half the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from collections.abc import Callable
+
+from loadshed.limits.base import Sample
+from loadshed.limits.little import Little
+from robustness import Cell, draw_cells, score
+
+
+def find_cell(spec: str, cells: int, sample_seed: int) -> Cell:
+    """The cell labelled ``spec``, or at index ``spec`` of the draw."""
+    drawn = draw_cells(cells, sample_seed)
+    if spec.isdigit():
+        index = int(spec)
+        if index >= len(drawn):
+            raise SystemExit(f"cell: index {index} out of range 0..{len(drawn) - 1}")
+        return drawn[index]
+    for cell in drawn:
+        if cell.label == spec:
+            return cell
+    labels = "\n  ".join(c.label for c in drawn)
+    raise SystemExit(f"cell: no cell labelled {spec!r}; the draw has:\n  {labels}")
+
+
+class _Recorder:
+    """Time-weighted limits and states of every ``Little`` updated while active."""
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.limits: collections.Counter[int] = collections.Counter()
+        self.states: collections.Counter[str] = collections.Counter()
+        self.rounds: list[str] = []
+        self.left_startup: float | None = None  # the last move out of start-up
+        self._last: tuple[float, int, str] | None = None  # (time, limit, state) last seen
+        self._state = ""  # the last state seen, with " variable" while means are used
+        self._round = 0
+
+    def sample(self, algorithm: Little, now: float) -> None:
+        if self._last is not None:
+            then, limit, _ = self._last
+            self.limits[limit] += now - then
+            self.states[self._state] += now - then
+        self._state = algorithm.state + (" variable" if algorithm.variable else "")
+        if self._last is not None and self._last[2] == "startup" and algorithm.state != "startup":
+            self.left_startup = now
+        self._last = (now, algorithm.limit, algorithm.state)
+
+    def round_ended(self, algorithm: Little, now: float) -> None:
+        self._round += 1
+        if not self.every or self._round % self.every:
+            return
+        knee = algorithm.knee
+        line = (
+            f"  {now:9.3f}s {algorithm.state:<7} limit {algorithm.limit:4d}"
+            f"  estimate {algorithm.estimate():7.2f}"
+        )
+        if algorithm.variable:
+            line += f"  knee {knee if knee is not None else '-':>4}"
+            line += f"  mean {algorithm.service_mean * 1000:8.2f} ms"
+        self.rounds.append(line)
+
+
+def _patch(recorder: _Recorder) -> Callable[[], None]:
+    """Route ``Little``'s updates and round ends through ``recorder``; returns the undo.
+
+    (The simulator builds its algorithm from a name: wrapping the class is the one way
+    in without changing the simulator for a diagnostic.)
+    """
+    update, end_round = Little.update, Little._end_round
+
+    def traced_update(self: Little, sample: Sample) -> int:
+        limit = update(self, sample)
+        recorder.sample(self, sample.now)
+        return limit
+
+    def traced_end_round(self: Little, now: float) -> None:
+        end_round(self, now)
+        recorder.round_ended(self, now)
+
+    Little.update = traced_update  # type: ignore[method-assign]
+    Little._end_round = traced_end_round  # type: ignore[method-assign]
+
+    def undo() -> None:
+        Little.update = update  # type: ignore[method-assign]
+        Little._end_round = end_round  # type: ignore[method-assign]
+
+    return undo
+
+
+def trace(cell: Cell, seed: int, every: int) -> tuple[float, _Recorder]:
+    """``little``'s score on ``cell`` for ``seed`` and what it did."""
+    recorder = _Recorder(every)
+    undo = _patch(recorder)
+    try:
+        result = score(cell, "little", seed)
+    finally:
+        undo()
+    return result, recorder
+
+
+def report(cell: Cell, seed: int, fixed: list[int], every: int) -> list[str]:
+    """The lines printed for one seed."""
+    little, recorder = trace(cell, seed, every)
+    scores = "  ".join(f"fixed:{n} {score(cell, f'fixed:{n}', seed):.3f}" for n in fixed)
+    total = sum(recorder.limits.values()) or 1.0
+    shares = sorted(recorder.limits.items())
+    limits = " ".join(f"{n}:{time / total:.0%}" for n, time in shares if time / total >= 0.01)
+    states = " ".join(
+        f"{state} {time / total:.0%}" for state, time in recorder.states.most_common()
+    )
+    left = recorder.left_startup
+    lines = [
+        f"seed {seed}: little {little:.3f}  {scores}",
+        f"  time at each limit (>= 1 %): {limits}",
+        f"  time in each state: {states}",
+        f"  start-up last ended at {left:.3f}s" if left is not None else "  never left start-up",
+    ]
+    return lines + recorder.rounds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("cell", help="a cell's label or its index in the draw")
+    parser.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
+    parser.add_argument("--fixed", default="", help="fixed limits to compare (default W-1,W,W+1)")
+    parser.add_argument("--rounds", type=int, default=0, help="print every K-th round (0: none)")
+    parser.add_argument("--cells", type=int, default=24, help="cells in the draw (default 24)")
+    parser.add_argument("--sample-seed", type=int, default=12, help="the draw's seed (default 12)")
+    args = parser.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s]
+        fixed = [int(n) for n in args.fixed.split(",") if n]
+    except ValueError:
+        parser.error("--seeds and --fixed take comma-separated integers")
+    if args.rounds < 0:
+        parser.error("--rounds must be >= 0")
+    cell = find_cell(args.cell, args.cells, args.sample_seed)
+    if not fixed:
+        w = cell.workers
+        fixed = [n for n in (w - 1, w, w + 1) if n >= 1]
+    if any(n < 1 for n in fixed):
+        parser.error("--fixed limits must be >= 1")
+    print(f"{cell.label}: {cell.duration:g} s, {cell.workers / cell.service_time:g} req/s capacity")
+    for seed in seeds:
+        print("\n".join(report(cell, seed, fixed, args.rounds)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
