@@ -237,14 +237,16 @@ def open_loop_share(
     timeout: float = 3.0,
     dist: str = "exponential",
     sigma: float = 0.5,
+    duration: float | None = None,
 ) -> float:
     """Goodput over capacity (per phase) of ``little`` in the robustness matrix's setup:
     ``dist`` service (exponential unless given), ``arrivals`` (Poisson, or bursts of
     ``workers``) at ``load`` x capacity, unbounded origin queue, client timeout
-    ``timeout`` mean service times, 300 service times (at most 30k arrivals);
-    ``slower``: the work time doubles mid-run."""
+    ``timeout`` mean service times, for ``duration`` seconds (by default 300 service
+    times, at most 30k arrivals); ``slower``: the work time doubles mid-run."""
     rate = load * workers / service
-    duration = max(100 * service, min(300 * service, 30_000 / rate))
+    if duration is None:
+        duration = max(100 * service, min(300 * service, 30_000 / rate))
     result = run_capacity_change(
         limiter=LimiterConfig("little"),
         workers=workers,
@@ -335,6 +337,16 @@ def test_exponential_start_up_reaches_32_workers_quickly() -> None:
     # 12 to 16 for the next 9 s (0.77 of capacity over the run); doubling the limit while
     # every slot still serves at the pooled rate: 0.83.
     assert open_loop_share(workers=32, service=0.2, load=1.5, seed=2) >= 0.8
+
+
+def test_exponential_start_up_shows_the_spread_over_its_first_estimate() -> None:
+    # 16 exponential workers of 50 ms at 1.5x load, deadlines of 3 service times, seed
+    # 2: the start-up estimate from minima read 1 slot, only that level's spread
+    # counted, and showing it took 5 service times at a limit of 1: 0.36 of capacity
+    # over the first 40 service times. Start-up's levels up to its limit show it at
+    # once: 0.52.
+    share = open_loop_share(workers=16, service=0.05, load=1.5, seed=2, duration=2.0)
+    assert share >= 0.45
 
 
 def test_constant_service_behind_a_queue_does_not_turn_means_on() -> None:

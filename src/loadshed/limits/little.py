@@ -48,6 +48,10 @@ _RATE_BOUND_SLACK = 2.0  # a round's rate at most this x Little's bound (noise a
 # Widely varying service times (see "Variable service" in the module docstring).
 _VARIABLE_ON = 0.15  # within-level coefficient of variation that turns means on
 _VARIABLE_OFF = 0.07  # ... and below which minima are used again (hysteresis)
+# Start-up's levels over the estimate turn means on only past this variation: they may
+# have queued, and with constant service a queued request's wait for a worker (up to
+# one service) varies by at most 1 / sqrt(12) / 1.5 = 0.19 of its latency.
+_VARIABLE_ON_QUEUED = 0.4
 _VARIABLE_DOF = 4  # degrees of freedom the variation needs before it is trusted
 _VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
 _VARIABLE_STARTUP_ROUND = 4  # ... in start-up, where the rate doubles from round to round
@@ -194,6 +198,8 @@ class Little(LimitAlgorithm):
         self._filter_rounds = filter_rounds
         self._spread: deque[tuple[float, float, float, float]] = deque(maxlen=2 * filter_rounds)
         self._spread_totals = [0.0, 0.0, 0.0, 0.0]
+        # The same sums over start-up's levels over the estimate (see _observe_spread).
+        self._startup_spread = [0.0, 0.0, 0.0, 0.0]
         self._vbdp_max = 0.0  # the largest rate x latency of a window (the estimate)
         self._latency_mean = math.inf
         self._latency_sd = 0.0
@@ -306,12 +312,20 @@ class Little(LimitAlgorithm):
             dropped
             and in_round
             and sample.inflight <= self._limit
-            and (self._variable or sample.waited <= 0.0 or rtt > _LEVEL_RISE * self._latency_min)
+            and (
+                (self._variable and self._state is not _State.STARTUP)
+                or sample.waited <= 0.0
+                or rtt > _LEVEL_RISE * (self._latency_mean if self._variable else self._latency_min)
+            )
         ):
             # A request that waited for its slot and was then served as fast as with
             # no queue was late before it was admitted: a lower limit would only make
             # it wait longer, so its drop is no sign of overload (with constant
-            # service such drops backed start-up off at 2 slots of 16).
+            # service such drops backed start-up off at 2 slots of 16). With varying
+            # service, "as fast" is no slower than the mean, and only in start-up,
+            # where requests left waiting at its first small limits time out (8
+            # exponential workers: backed off to 3 slots); later one latency says
+            # too little, and every drop counts.
             self._round_drops += 1
             if sample.inflight < self._estimate_slots:
                 self._round_low_drops += 1
@@ -698,14 +712,27 @@ class Little(LimitAlgorithm):
         Only levels at or under the estimate count (their requests saw no queue at
         the origin); the spread is measured within each level so that a queue (or a
         capacity change) between levels is not mistaken for variable service.
+
+        Start-up's levels over the estimate, up to its limit, count apart: with
+        varying service the estimate (from minima) reads a fraction of the workers,
+        and the one level under it took 5 service times at one slot to show the
+        spread (16 exponential workers: 0.43 of capacity over the first second).
+        They may have queued, so only a wider spread there turns means on.
         """
         bdp = self.estimate()
         unqueued = self._slots(bdp) if bdp > 0 else 0
         if self._knee is not None:
             unqueued = min(unqueued, self._knee)  # levels past the knee queue
+        startup_top = self._limit if self._state is _State.STARTUP and not self._variable else 0
         deviations, dof, total, count = 0.0, 0, 0.0, 0
+        startup = self._startup_spread
         for level, (n, s, squares, differences) in levels.items():
             if level > unqueued:
+                if level <= startup_top:
+                    startup[0] += squares / 2
+                    startup[1] += differences
+                    startup[2] += s
+                    startup[3] += n
                 continue
             deviations += squares / 2  # E[(x - y)^2] = 2 var for independent x, y
             dof += int(differences)
@@ -752,14 +779,28 @@ class Little(LimitAlgorithm):
             )
         self._fold_levels(all_levels)
         all_deviations, all_dof, all_total, all_count = self._spread_totals
-        if all_dof < _VARIABLE_DOF - 0.5:
+        queued_deviations, queued_dof, queued_total, queued_count = startup
+        queued_cv = 0.0
+        if not self._variable and queued_dof >= _VARIABLE_DOF - 0.5 and queued_total > 0:
+            sd = math.sqrt(max(0.0, queued_deviations) / queued_dof)
+            queued_cv = sd / (queued_total / queued_count)
+        if all_dof < _VARIABLE_DOF - 0.5 and queued_cv <= _VARIABLE_ON_QUEUED:
             return
-        mean = all_total / all_count if all_count > 0 else 0.0
-        self._latency_sd = math.sqrt(max(0.0, all_deviations) / all_dof)
-        cv = self._latency_sd / mean if mean > 0 else 0.0
-        if not self._variable and cv > _VARIABLE_ON:
+        if all_dof >= _VARIABLE_DOF - 0.5:
+            mean = all_total / all_count if all_count > 0 else 0.0
+            self._latency_sd = math.sqrt(max(0.0, all_deviations) / all_dof)
+            cv = self._latency_sd / mean if mean > 0 else 0.0
+        else:
+            cv = 0.0
+        if not self._variable and (cv > _VARIABLE_ON or queued_cv > _VARIABLE_ON_QUEUED):
             # Minima undercount the workers: measure again with means from start-up,
             # which doubles the limit at once (the minima left it far too low).
+            if cv <= _VARIABLE_ON:
+                # Seen over the estimate only: both sets of levels give the spread.
+                self._latency_sd = math.sqrt(
+                    (max(0.0, all_deviations) + queued_deviations) / (all_dof + queued_dof)
+                )
+            self._startup_spread = [0.0, 0.0, 0.0, 0.0]
             self._variable = True
             self._drop_headroom()
             self._state = _State.STARTUP
