@@ -33,7 +33,7 @@ from robustness import Cell, draw_cells, score
 def find_cell(spec: str, cells: int, sample_seed: int) -> Cell:
     """The cell labelled ``spec``, or at index ``spec`` of the draw."""
     drawn = draw_cells(cells, sample_seed)
-    if spec.isdigit():
+    if spec.isdecimal() and spec.isascii():
         index = int(spec)
         if index >= len(drawn):
             raise SystemExit(f"cell: index {index} out of range 0..{len(drawn) - 1}")
@@ -157,6 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds and --fixed take comma-separated integers")
     if args.rounds < 0:
         parser.error("--rounds must be >= 0")
+    if not seeds:
+        parser.error("--seeds needs at least one seed")
+    if not hasattr(Little.update, "__code__"):
+        # The compiled build (mypyc) neither lets the class be wrapped nor calls
+        # through the wrapper: trace with the source tree.
+        raise SystemExit(
+            "little_trace: loadshed.limits.little is the compiled build; run with the "
+            "source tree (make's .venv, or PYTHONPATH=src)"
+        )
     cell = find_cell(args.cell, args.cells, args.sample_seed)
     if not fixed:
         w = cell.workers

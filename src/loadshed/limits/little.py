@@ -49,8 +49,9 @@ _RATE_BOUND_SLACK = 2.0  # a round's rate at most this x Little's bound (noise a
 _VARIABLE_ON = 0.15  # within-level coefficient of variation that turns means on
 _VARIABLE_OFF = 0.07  # ... and below which minima are used again (hysteresis)
 # Start-up's levels over the estimate turn means on only past this variation: they may
-# have queued, and with constant service a queued request's wait for a worker (up to
-# one service) varies by at most 1 / sqrt(12) / 1.5 = 0.19 of its latency.
+# have queued, and with constant service a queued request's wait for a worker varies
+# its latency by 1 / sqrt(12) / 1.5 = 0.19 when the wait is spread evenly over one
+# service, 0.35 at worst (half the waits none, half a whole service).
 _VARIABLE_ON_QUEUED = 0.4
 _VARIABLE_DOF = 4  # degrees of freedom the variation needs before it is trusted
 _VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
@@ -257,15 +258,16 @@ class Little(LimitAlgorithm):
 
     @property
     def knee(self) -> int | None:
-        """Variable service: the in-flight level where the fitted latency starts to rise
-        (the workers, if requests under it were seen), or None while the levels show
-        no significant rise (``loadshed.limits.knee``)."""
+        """The in-flight level where the fitted latency starts to rise (the workers, if
+        requests under it were seen), or None while the levels show no significant
+        rise (``loadshed.limits.knee``; used while service times vary)."""
         return self._knee
 
     @property
     def service_mean(self) -> float:
-        """The mean latency without a queue fitted to the in-flight levels (seconds;
-        the estimate's latency while service times vary); inf before the first fit."""
+        """The mean latency without a queue fitted to the in-flight levels, or after a
+        slower service was found the drain's mean until the next fit (seconds; the
+        estimate's latency while service times vary); inf before the first fit."""
         return self._latency_mean
 
     def estimate(self) -> float:
@@ -322,7 +324,7 @@ class Little(LimitAlgorithm):
             # no queue was late before it was admitted: a lower limit would only make
             # it wait longer, so its drop is no sign of overload (with constant
             # service such drops backed start-up off at 2 slots of 16). With varying
-            # service, "as fast" is no slower than the mean, and only in start-up,
+            # service, "as fast" is within 1.1 x the mean, and only in start-up,
             # where requests left waiting at its first small limits time out (8
             # exponential workers: backed off to 3 slots); later one latency says
             # too little, and every drop counts.
@@ -716,8 +718,10 @@ class Little(LimitAlgorithm):
         Start-up's levels over the estimate, up to its limit, count apart: with
         varying service the estimate (from minima) reads a fraction of the workers,
         and the one level under it took 5 service times at one slot to show the
-        spread (16 exponential workers: 0.43 of capacity over the first second).
-        They may have queued, so only a wider spread there turns means on.
+        spread (16 exponential workers of 50 ms, seed 2: 0.36 of capacity over the
+        first 2 s, 0.52 with these levels). They may have queued, so only a wider
+        spread there turns means on. (If start-up lasts because demand never fills
+        its limit, those levels never queued: a spread there is the service's.)
         """
         bdp = self.estimate()
         unqueued = self._slots(bdp) if bdp > 0 else 0
