@@ -78,6 +78,18 @@ _TRIAL_CHECK = 8  # x cycle_rounds at least before checking a slot that paid
 _TRIAL_LONGEST = 64  # x cycle_rounds: the longest interval between trials
 
 
+def _spread_of(sums: list[float]) -> tuple[float, float] | None:
+    """(standard deviation, coefficient of variation) from summed halved squared
+    successive differences, their count, latency sum and count; None with fewer than
+    ``_VARIABLE_DOF`` differences (a zero mean gives a variation of 0)."""
+    deviations, dof, total, count = sums
+    if dof < _VARIABLE_DOF - 0.5:
+        return None
+    sd = math.sqrt(max(0.0, deviations) / dof)
+    mean = total / count if count > 0 else 0.0
+    return sd, sd / mean if mean > 0 else 0.0
+
+
 class _State(enum.Enum):
     STARTUP = "startup"
     CRUISE = "cruise"
@@ -782,27 +794,22 @@ class Little(LimitAlgorithm):
                 float(pooled_count),
             )
         self._fold_levels(all_levels)
-        all_deviations, all_dof, all_total, all_count = self._spread_totals
-        queued_deviations, queued_dof, queued_total, queued_count = startup
-        queued_cv = 0.0
-        if not self._variable and queued_dof >= _VARIABLE_DOF - 0.5 and queued_total > 0:
-            sd = math.sqrt(max(0.0, queued_deviations) / queued_dof)
-            queued_cv = sd / (queued_total / queued_count)
-        if all_dof < _VARIABLE_DOF - 0.5 and queued_cv <= _VARIABLE_ON_QUEUED:
+        measured = _spread_of(self._spread_totals)
+        queued = None if self._variable else _spread_of(startup)
+        queued_cv = queued[1] if queued is not None else 0.0
+        if measured is None and queued_cv <= _VARIABLE_ON_QUEUED:
             return
-        if all_dof >= _VARIABLE_DOF - 0.5:
-            mean = all_total / all_count if all_count > 0 else 0.0
-            self._latency_sd = math.sqrt(max(0.0, all_deviations) / all_dof)
-            cv = self._latency_sd / mean if mean > 0 else 0.0
-        else:
-            cv = 0.0
+        cv = 0.0
+        if measured is not None:
+            self._latency_sd, cv = measured
         if not self._variable and (cv > _VARIABLE_ON or queued_cv > _VARIABLE_ON_QUEUED):
             # Minima undercount the workers: measure again with means from start-up,
             # which doubles the limit at once (the minima left it far too low).
             if cv <= _VARIABLE_ON:
                 # Seen over the estimate only: both sets of levels give the spread.
+                totals = self._spread_totals
                 self._latency_sd = math.sqrt(
-                    (max(0.0, all_deviations) + queued_deviations) / (all_dof + queued_dof)
+                    (max(0.0, totals[0]) + startup[0]) / (totals[1] + startup[1])
                 )
             self._startup_spread = [0.0, 0.0, 0.0, 0.0]
             self._variable = True
