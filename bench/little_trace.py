@@ -4,7 +4,8 @@
     .venv/bin/python bench/little_trace.py 2 --seeds 1,2 --rounds 5   # core cell 2, every 5th round
     .venv/bin/python bench/little_trace.py 19 --sample-seed 7   # cell 19 of that draw
 
-The cell is given by its label (as ``bench/robustness.py`` prints it) or by its index
+The cell is given by its label (as ``bench/robustness.py`` prints it; any combination
+parses, drawn or not) or by its index
 in the draw of ``--cells`` cells from ``--sample-seed`` (indexes 0-7 are the core
 cells). For each seed: the cell's score (goodput over what could be served) for
 ``little`` and for each ``--fixed`` limit (by default the workers and one slot
@@ -41,6 +42,9 @@ def find_cell(spec: str, cells: int, sample_seed: int) -> Cell:
     for cell in drawn:
         if cell.label == spec:
             return cell
+    parsed = Cell.from_label(spec)
+    if parsed is not None:
+        return parsed  # a cell outside the draw, written as a label
     labels = "\n  ".join(c.label for c in drawn)
     raise SystemExit(f"cell: no cell labelled {spec!r}; the draw has:\n  {labels}")
 
@@ -80,6 +84,8 @@ class _Recorder:
         if algorithm.variable:
             line += f"  knee {knee if knee is not None else '-':>4}"
             line += f"  mean {algorithm.service_mean * 1000:8.2f} ms"
+            edge = algorithm.overtake_edge
+            line += f"  edge {edge if edge is not None else '-':>4}"
         self.rounds.append(line)
 
 

@@ -40,6 +40,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -87,6 +88,32 @@ class Cell:
             f"w{self.workers} {shape} {self.service_time * 1000:g}ms {self.arrivals} "
             f"{self.load:g}x t{self.timeout:g} {self.change} "
             f"{'deadline' if self.deadlines else 'no-deadline'}"
+        )
+
+    @classmethod
+    def from_label(cls, label: str) -> Cell | None:
+        """The cell a ``label`` names (any combination, drawn or not), or None if it
+        does not parse."""
+        match = re.fullmatch(
+            r"w(\d+) (constant|exponential|lognormal)([\d.]*) ([\d.]+)ms"
+            r" (poisson|bursts|closed) ([\d.]+)x t([\d.]+) (\w+) (deadline|no-deadline)",
+            label.strip(),
+        )
+        if match is None or match[8] not in CHANGES:
+            return None
+        workers, service, sigma, ms, arrivals, load, timeout, change, deadline = match.groups()
+        if (service == "lognormal") != bool(sigma):
+            return None
+        return cls(
+            workers=int(workers),
+            service=service,
+            sigma=float(sigma) if sigma else 0.0,
+            service_time=float(ms) / 1000,
+            arrivals=arrivals,
+            load=float(load),
+            timeout=float(timeout),
+            change=change,
+            deadlines=deadline == "deadline",
         )
 
     @property

@@ -588,3 +588,18 @@ def test_drops_at_the_estimate_only_take_one_slot_back() -> None:
 
     assert after_two_rounds(drop_level=None) == (6, True)
     assert after_two_rounds(drop_level=2) == (7, True)
+
+
+@pytest.mark.parametrize(
+    ("workers", "service", "seed", "bound"), [(16, 0.05, 2, 0.83), (8, 0.1, 4, 0.82)]
+)
+def test_exponential_service_cruises_at_the_workers_the_order_of_completions_shows(
+    workers: int, service: float, seed: int, bound: float
+) -> None:
+    # Exponential service, Poisson arrivals at 1.5x, deadlines of 3 service times:
+    # above the workers each slot adds S / W to a mean whose noise is S, and the
+    # limit drifted 2 to 8 slots over (16 workers, seed 2: 0.80 of capacity; 8
+    # workers, seed 4: 0.77). The overtake edge (loadshed.limits.overtake) holds it
+    # at the workers: 0.85 both.
+    share = open_loop_share(workers=workers, service=service, load=1.5, seed=seed)
+    assert share >= bound

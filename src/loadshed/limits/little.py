@@ -32,6 +32,7 @@ from loadshed.errors import ConfigError
 from loadshed.limits.base import LimitAlgorithm, Sample, check_bounds
 from loadshed.limits.headroom import HeadroomTrial, TrialVerdict
 from loadshed.limits.knee import fit_knee
+from loadshed.limits.overtake import OvertakeEdge
 
 __all__ = ["Little"]
 
@@ -64,6 +65,8 @@ _VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are ju
 _LEVEL_MEMORY = 256.0  # requests: a level's mean weighs at most this many
 _LATE_SERVED = 0.5  # a drop this long (x the mean) was served late: its latency counts
 _LEVELS_MEMORY = 2048.0  # requests: all levels together weigh at most this many
+_EDGE_AGREES = 4.0  # the overtake edge counts if at least the estimate / this
+_EDGE_REACHED = 0.75  # ... and the latest requests overtook at least this x it
 _LEVEL_RISE = 1.1  # a level this much slower than those below it (and significantly) queued
 # A rate window pools requests until its relative standard error (the service's
 # coefficient of variation over the square root of the requests) is within this, or
@@ -200,6 +203,9 @@ class Little(LimitAlgorithm):
         self._floor = 0
         self._drain_from = _State.STARTUP  # the state the last drain began in
         self._knee: int | None = None  # the last fit's knee (see _fold_levels)
+        # The workers shown by the order requests end in (loadshed.limits.overtake).
+        self._overtakes = OvertakeEdge()
+        self._fifo = False  # an edge was found: the origin serves in order
         # Variable service (see the module docstring): the delivery rate of each
         # round pooled with the previous one's, and (halved squared successive
         # differences, their count, latency sum, count) at unqueued levels over
@@ -276,6 +282,12 @@ class Little(LimitAlgorithm):
         return self._knee
 
     @property
+    def overtake_edge(self) -> int | None:
+        """The workers the order of completions shows (``loadshed.limits.overtake``),
+        or None while it shows none; caps the limit while service times vary."""
+        return self._overtakes.workers
+
+    @property
     def service_mean(self) -> float:
         """The mean latency without a queue fitted to the in-flight levels, or after a
         slower service was found the drain's mean until the next fit (seconds; the
@@ -312,6 +324,7 @@ class Little(LimitAlgorithm):
         # Only requests admitted during this round show the effect of its limit.
         in_round = now - rtt > self._round_start
         self._round_ended += 1
+        self._overtakes.record(now, rtt, sample.inflight, sample.dropped)
         trial = self._trial
         if trial is not None:
             verdict = trial.record(now, sample.dropped, sample.queued, sample.slack)
@@ -580,6 +593,7 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0
         self._rounds.clear()
         self._rounds.append((workers / latency, latency))
+        self._overtakes.clear()  # the new service's requests overtook the old ones
         if self._variable:
             self._vrates.clear()
             self._vrates_count = 0.0
@@ -812,6 +826,7 @@ class Little(LimitAlgorithm):
                     (max(0.0, totals[0]) + startup[0]) / (totals[1] + startup[1])
                 )
             self._startup_spread = [0.0, 0.0, 0.0, 0.0]
+            self._overtakes.clear()
             self._variable = True
             self._drop_headroom()
             self._state = _State.STARTUP
@@ -1024,7 +1039,10 @@ class Little(LimitAlgorithm):
             # capacity is not made to queue every few rounds.
             if not self._variable:  # a probe fails by chance when the rate is noisy
                 self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
-            self._enter_drain()
+            if self._variable and self._edge_workers(bdp) is not None:
+                self._enter_cruise(bdp)  # the edge knows the workers: no drain to measure
+            else:
+                self._enter_drain()
 
     def _slots(self, estimate: float) -> int:
         """An estimate rounded to whole slots (at least one; the maximum if infinite)."""
@@ -1048,9 +1066,35 @@ class Little(LimitAlgorithm):
                 self._floor = 0  # the estimate has caught up
             if self._knee is not None:
                 base = max(base, self._knee)
+            edge = self._edge_workers(bdp)
+            if edge is not None:
+                # The workers the order of completions shows: the latencies over the
+                # knee cannot tell W from W + 3, nor a noisy rate W from W - 2
+                # (loadshed.limits.overtake).
+                base = edge
+            elif self._fifo:
+                # The server has shown it serves in order: requests that overtook
+                # every other in flight show at least that many workers; one slot more
+                # lets the next show whether there are more (after the workers grew,
+                # the rate windows take many rounds to follow).
+                base = max(base, self._overtakes.at_least + 1)
         if self._ceiling is not None:
             base = min(base, self._ceiling)
         return base + self._headroom
+
+    def _edge_workers(self, bdp: float) -> int | None:
+        """The overtake edge (loadshed.limits.overtake) while it holds: not far under
+        the estimate (an edge far under rate x latency is the service's spread, not
+        the workers), and reached by the latest requests (fewer workers now: the
+        histogram would take a window to show it)."""
+        overtakes = self._overtakes
+        edge = overtakes.workers
+        if edge is None or _EDGE_AGREES * edge < bdp:
+            return None
+        self._fifo = True
+        if overtakes.at_least < _EDGE_REACHED * edge:
+            return None
+        return edge
 
     # --------------------------------------------------------------- headroom
 

@@ -1,0 +1,141 @@
+"""The overtake edge (loadshed.limits.overtake): the workers of a server that serves in
+order, read from the order requests end. Virtual time, seeded: deterministic."""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+
+import pytest
+
+from loadshed.limits.overtake import OvertakeEdge
+
+
+def drive(
+    edge: OvertakeEdge,
+    *,
+    workers: int,
+    inflight: int,
+    requests: int,
+    service: Callable[[random.Random], float],
+    in_order: bool = True,
+    seed: int = 1,
+    start: float = 0.0,
+) -> float:
+    """Keep ``inflight`` requests at a server of ``workers`` (a new one admitted as each
+    ends) for ``requests`` completions; ``in_order``: first come, first served, else
+    a random waiting request gets the next free worker. Returns the time of the last."""
+    rng = random.Random(seed)
+    now = start
+    waiting: list[tuple[float, int]] = []  # (admitted, level)
+    running: list[tuple[float, float, int]] = []  # (ends, admitted, level)
+    count = 0
+
+    def admit(level: int) -> None:
+        waiting.append((now, level))
+
+    def dispatch() -> None:
+        while waiting and len(running) < workers:
+            index = 0 if in_order else rng.randrange(len(waiting))
+            admitted, level = waiting.pop(index)
+            heapq.heappush(running, (now + service(rng), admitted, level))
+
+    for level in range(1, inflight + 1):
+        admit(level)
+    dispatch()
+    while count < requests:
+        ends, admitted, level = heapq.heappop(running)
+        now = ends
+        edge.record(now, now - admitted, level, dropped=False)
+        count += 1
+        admit(inflight)  # refilled at once: the new one finds the others in flight
+        dispatch()
+    return now
+
+
+def exponential(mean: float) -> Callable[[random.Random], float]:
+    return lambda rng: rng.expovariate(1 / mean)
+
+
+@pytest.mark.parametrize("workers", [4, 8, 32])
+def test_the_edge_is_the_workers_of_a_server_that_serves_in_order(workers: int) -> None:
+    edge = OvertakeEdge()
+    drive(
+        edge,
+        workers=workers,
+        inflight=workers + 8,
+        requests=100 * workers,
+        service=exponential(0.1),
+    )
+    assert edge.workers == workers
+    assert edge.at_least <= workers  # a lower bound, whatever the requests did
+
+
+def test_below_the_workers_the_lower_bound_follows_the_limit() -> None:
+    # 6 in flight at 16 workers: none waits; requests overtake up to 5 others.
+    edge = OvertakeEdge()
+    drive(edge, workers=16, inflight=6, requests=2000, service=exponential(0.1))
+    assert edge.workers is None  # nobody was admitted over 6: nothing bounds from above
+    assert edge.at_least == 6
+
+
+def test_constant_service_shows_no_edge() -> None:
+    # Nobody overtakes anybody: the order says nothing about the workers.
+    edge = OvertakeEdge()
+    drive(edge, workers=8, inflight=16, requests=2000, service=lambda rng: 0.1)
+    assert edge.workers is None
+
+
+def test_a_server_that_does_not_serve_in_order_shows_no_edge_under_the_limit() -> None:
+    # A random waiting request gets the next worker: later ones overtake waiting ones,
+    # so the histogram runs up to the limit, not the workers.
+    edge = OvertakeEdge()
+    drive(
+        edge,
+        workers=8,
+        inflight=24,
+        requests=4000,
+        service=exponential(0.1),
+        in_order=False,
+    )
+    assert edge.workers is None or edge.workers >= 24
+
+
+def test_more_workers_end_the_edge_and_the_new_one_is_found() -> None:
+    edge = OvertakeEdge()
+    now = drive(edge, workers=8, inflight=12, requests=2000, service=exponential(0.1))
+    assert edge.workers == 8
+    drive(
+        edge,
+        workers=16,
+        inflight=24,
+        requests=3000,
+        service=exponential(0.1),
+        seed=2,
+        start=now,
+    )
+    assert edge.workers == 16
+
+
+def test_clear_forgets_the_histogram() -> None:
+    edge = OvertakeEdge()
+    drive(edge, workers=8, inflight=12, requests=2000, service=exponential(0.1))
+    assert edge.workers == 8
+    edge.clear()
+    assert edge.workers is None
+    assert edge.at_least == 0
+
+
+def test_a_dropped_request_never_counts_itself() -> None:
+    edge = OvertakeEdge()
+    edge.record(-1.0, 0.5, 1, dropped=False)  # history from before
+    # Ten admitted in turn; the last two time out first: as successes they would have
+    # overtaken 9 and 8 others (a lower bound of 9 workers).
+    admitted = [i * 1e-3 for i in range(10)]
+    edge.record(0.5, 0.5 - admitted[9], 10, dropped=True)
+    edge.record(0.6, 0.6 - admitted[8], 9, dropped=True)
+    for level in range(1, 9):  # the others end in the order they came
+        now = 1.0 + level * 1e-3
+        edge.record(now, now - admitted[level - 1], level, dropped=False)
+    assert edge.at_least == 1
