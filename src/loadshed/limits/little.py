@@ -593,7 +593,6 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0
         self._rounds.clear()
         self._rounds.append((workers / latency, latency))
-        self._overtakes.clear()  # the new service's requests overtook the old ones
         if self._variable:
             self._vrates.clear()
             self._vrates_count = 0.0
@@ -1022,6 +1021,11 @@ class Little(LimitAlgorithm):
         self._limit = self._clamp(math.ceil(_STARTUP_GAIN * round_limit))
 
     def _probe_round(self, rate: float, dropped: bool, bdp: float) -> None:
+        if self._variable and self._edge_workers(bdp) is not None:
+            # The edge knows the workers: a slot more for a round lets requests show
+            # more (past the edge, loadshed.limits.overtake); a noisy rate would not.
+            self._enter_cruise(bdp)
+            return
         extra = self._limit - self._probe_base_limit
         expected = self._probe_base_rate * extra / max(1, self._probe_base_limit)
         if not dropped and rate >= self._probe_base_rate + _PROBE_SUCCESS * expected:
@@ -1039,10 +1043,7 @@ class Little(LimitAlgorithm):
             # capacity is not made to queue every few rounds.
             if not self._variable:  # a probe fails by chance when the rate is noisy
                 self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
-            if self._variable and self._edge_workers(bdp) is not None:
-                self._enter_cruise(bdp)  # the edge knows the workers: no drain to measure
-            else:
-                self._enter_drain()
+            self._enter_drain()
 
     def _slots(self, estimate: float) -> int:
         """An estimate rounded to whole slots (at least one; the maximum if infinite)."""

@@ -41,6 +41,7 @@ _EVIDENCE = 12.0  # expected overtakes past the edge that were not seen
 _PLATEAU = 0.75  # the top bin at least this x the one under it: level, not tapering
 _PILED = 2.0  # ... and at most this x it: not requests in step, all ending at one value
 _RECENT_MIN = 32  # the latest requests the lower bound reads (twice the most in flight)
+_PAST_ENDS = 1  # requests past the edge that end it
 _STRAY = 0.05  # requests past the edge forgiven, as a share of those at its top
 
 
@@ -110,7 +111,7 @@ class OvertakeEdge:
             # Past the edge: more workers now (or a stray); the second such request
             # since the edge was found ends it, and the histogram starts again.
             self._past += 1
-            if self._past >= 2:
+            if self._past >= _PAST_ENDS:
                 self.clear()
         recent = self._recent
         recent.append(overtaken)
