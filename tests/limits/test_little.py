@@ -3,6 +3,8 @@ experiments in the simulator's virtual time (deterministic, no sleeping)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from limit_feeds import feed_fifo_origin
@@ -603,3 +605,31 @@ def test_exponential_service_cruises_at_the_workers_the_order_of_completions_sho
     # at the workers: 0.85 both.
     share = open_loop_share(workers=workers, service=service, load=1.5, seed=seed)
     assert share >= bound
+
+
+def test_variable_start_up_stops_where_requests_stop_overtaking_more() -> None:
+    # 16 exponential workers behind a saturated limiter: start-up doubles the limit
+    # while every slot still serves, but a round of a few completions at 32 slots
+    # cannot show the shortfall in its rate, and the limit went on to 64. At 32, no
+    # request overtakes more than 15 others (loadshed.limits.overtake), as at 16:
+    # start-up ends there.
+    little = Little()
+    rng = random.Random(3)
+    workers, service = 16, 0.05
+    now = 0.0
+    worker_free = [0.0] * workers
+    inflight: list[tuple[float, float, int]] = []  # (completion, admitted, level)
+    highest = 0
+    while now < 3.0:
+        while len(inflight) < little.limit:
+            slot = min(range(workers), key=worker_free.__getitem__)
+            start = max(now, worker_free[slot])
+            worker_free[slot] = start + rng.expovariate(1 / service)
+            inflight.append((worker_free[slot], now, len(inflight) + 1))
+        inflight.sort()
+        done, admitted, level = inflight.pop(0)
+        now = done
+        little.update(Sample(rtt=done - admitted, inflight=level, dropped=False, now=now, queued=5))
+        highest = max(highest, little.limit)
+    assert highest <= 2 * workers
+    assert workers <= little.limit <= workers + 2

@@ -56,6 +56,8 @@ _VARIABLE_OFF = 0.07  # ... and below which minima are used again (hysteresis)
 _VARIABLE_ON_QUEUED = 0.4
 _VARIABLE_DOF = 4  # degrees of freedom the variation needs before it is trusted
 _VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
+_STARTUP_BOUND_MIN = 8  # a round's overtake bound at least this before it is compared
+_STARTUP_BOUND_GROWTH = 1.1  # ... and one at most this x the last: the limit's doubling queued
 _VARIABLE_STARTUP_ROUND = 4  # ... in start-up, where the rate doubles from round to round
 _VARIABLE_QUEUE_RISE = 1.25  # round mean over this x the unqueued mean (and significant)
 _VARIABLE_Z = 3.0  # standard errors a round mean must rise by to count as a queue
@@ -190,6 +192,7 @@ class Little(LimitAlgorithm):
         self._startup_slot_time = 0.0
         self._startup_confirming = False  # a round read saturated: one more to confirm
         self._startup_knee_seen = False  # the last round's fit put the knee under half
+        self._startup_bound = 0  # the last start-up round's overtake bound
         self._cruise_rounds = 0
         self._probe_interval = cycle_rounds
         self._probe_step = 1
@@ -498,6 +501,7 @@ class Little(LimitAlgorithm):
             rate = min(rate, bound)
             own_rate = min(own_rate, bound)
         self._start_round(now)
+        round_bound = self._overtakes.take_round_bound()
 
         variable = self._variable
         queue_formed = self._queue_formed(latency, round_mean, completed)
@@ -569,7 +573,7 @@ class Little(LimitAlgorithm):
             # without drops first.
             self._trial_rounds = 0
         if self._state is _State.STARTUP and variable:
-            self._variable_startup_round(measuring, ended, round_limit, duration)
+            self._variable_startup_round(measuring, ended, round_limit, duration, round_bound)
         elif self._state is _State.STARTUP:
             self._startup_round(rate, measuring, queue_formed, overloaded, bdp)
         elif self._state is _State.DRAIN:
@@ -958,7 +962,12 @@ class Little(LimitAlgorithm):
             self._enter_drain()
 
     def _variable_startup_round(
-        self, measuring: bool, ended: int, round_limit: int, duration: float
+        self,
+        measuring: bool,
+        ended: int,
+        round_limit: int,
+        duration: float,
+        round_bound: tuple[int, int],
     ) -> None:
         """Start-up with widely varying service: double the limit while every slot
         still serves at the pooled rate per slot, judged on completions per second of
@@ -988,6 +997,24 @@ class Little(LimitAlgorithm):
             self._startup_knee_seen = True
         else:
             self._startup_knee_seen = False
+        bound, counted = round_bound
+        before, self._startup_bound = self._startup_bound, bound
+        if (
+            before >= _STARTUP_BOUND_MIN
+            and counted >= _VARIABLE_ROUND
+            and round_limit >= _STARTUP_GAIN * bound
+            and bound <= _STARTUP_BOUND_GROWTH * before
+        ):
+            # The limit doubled and requests overtook no more others than before: those
+            # admitted over about ``bound`` waited for a worker (loadshed.limits.overtake;
+            # with no queue, overtakes grow with the requests in flight). A round of a
+            # few completions cannot show it in their rate before 4 x the workers.
+            # At least the slots of the round before (with a heavy tail, the most
+            # overtaken grows slower than the requests in flight).
+            self._state = _State.CRUISE
+            self._cruise_rounds = 0
+            self._limit = self._clamp(max(bound + 1, math.ceil(round_limit / _STARTUP_GAIN)))
+            return
         # The round ends on a completion: counting it reads the rate k / (k - 1) high.
         ended -= 1
         slot_time = round_limit * duration

@@ -66,6 +66,9 @@ class OvertakeEdge:
         # Overtakes of the latest requests, for the lower bound (see ``at_least``).
         self._recent: deque[int] = deque()
         self._recent_level = 0  # the most in flight among them
+        # The two most overtaken since the last take_round_bound(), and how many counted.
+        self._round_top = [-1, -1]
+        self._round_count = 0
 
     def record(self, now: float, rtt: float, inflight: int, dropped: bool) -> None:
         """A request released at ``now`` after ``rtt`` seconds, admitted with
@@ -113,6 +116,12 @@ class OvertakeEdge:
             self._past += 1
             if self._past >= _PAST_ENDS:
                 self.clear()
+        top = self._round_top
+        if overtaken > top[0]:
+            top[0], top[1] = overtaken, top[0]
+        elif overtaken > top[1]:
+            top[1] = overtaken
+        self._round_count += 1
         recent = self._recent
         recent.append(overtaken)
         self._recent_level = max(inflight, self._recent_level)
@@ -170,6 +179,15 @@ class OvertakeEdge:
             elif k > second:
                 second = k
         return second + 1
+
+    def take_round_bound(self) -> tuple[int, int]:
+        """The lower bound (as ``at_least``) over the requests counted since the last
+        call, and how many counted; starts the next round."""
+        bound = self._round_top[1] + 1 if self._round_count >= 2 else 0
+        count = self._round_count
+        self._round_top = [-1, -1]
+        self._round_count = 0
+        return bound, count
 
     @property
     def workers(self) -> int | None:
