@@ -327,7 +327,9 @@ class Little(LimitAlgorithm):
         # Only requests admitted during this round show the effect of its limit.
         in_round = now - rtt > self._round_start
         self._round_ended += 1
-        self._overtakes.record(now, rtt, sample.inflight, sample.dropped)
+        # Overtakes are counted only while means are used (switching to them starts
+        # the histogram afresh); releases are always remembered, for those after.
+        self._overtakes.record(now, rtt, sample.inflight, sample.dropped, count=self._variable)
         trial = self._trial
         if trial is not None:
             verdict = trial.record(now, sample.dropped, sample.queued, sample.slack)

@@ -30,6 +30,7 @@ not at all. Pure arithmetic on release times: no clock, no state machine.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, deque
 
 __all__ = ["OvertakeEdge"]
@@ -54,14 +55,18 @@ class OvertakeEdge:
     """
 
     def __init__(self) -> None:
-        # (release time, admission time, in flight at admission) of recent releases,
-        # oldest first.
-        self._releases: deque[tuple[float, float, int]] = deque(maxlen=_HISTORY)
+        # Recent releases: their times (in release order, so sorted) and their
+        # (admission time, in flight at admission), sorted; both from ``_start`` on.
+        self._released: list[float] = []
+        self._admitted: list[tuple[float, int]] = []
+        self._start = 0
         # (overtakes, in flight at admission) of recent successes that counted.
         self._window: deque[tuple[int, int]] = deque()
+        self._counts: Counter[int] = Counter()  # the window's overtakes, counted
         self._since_fit = 0
         self._edge: int | None = None
         self._size = _WINDOW_MIN  # requests the histogram keeps
+        self._fit_every = 16  # requests between fits
         self._past = 0  # requests past the edge since it was found
         # Overtakes of the latest requests, for the lower bound (see ``at_least``).
         self._recent: deque[int] = deque()
@@ -70,40 +75,50 @@ class OvertakeEdge:
         self._round_top = [-1, -1]
         self._round_count = 0
 
-    def record(self, now: float, rtt: float, inflight: int, dropped: bool) -> None:
+    def record(
+        self, now: float, rtt: float, inflight: int, dropped: bool, *, count: bool = True
+    ) -> None:
         """A request released at ``now`` after ``rtt`` seconds, admitted with
-        ``inflight`` in flight (itself included)."""
+        ``inflight`` in flight (itself included). ``count=False`` only remembers the
+        release, for the requests after it (cheaper: no overtakes counted)."""
         admitted = now - rtt
-        releases = self._releases
-        if releases and now < releases[-1][0]:
-            now = releases[-1][0]  # keep release times sorted if samples come out of order
-        if not dropped and inflight > 1 and rtt > 0:
-            left = 0  # requests admitted before this one that ended during its life
-            complete = False
-            # About as many ended during its life as were in flight (Little's law);
-            # past a few times that, give up rather than scan a long history.
-            budget = 4 * inflight + 64
-            for released, their_admission, their_level in reversed(releases):
-                if released <= admitted:
-                    complete = True
-                    break
-                budget -= 1
-                if budget < 0:
-                    break
-                if their_admission < admitted or (
-                    # Admitted at the same instant (several slots freed at once): the
-                    # one admitted first found fewer in flight.
-                    their_admission == admitted and their_level < inflight
-                ):
-                    left += 1
-            overtaken = inflight - 1 - left
-            if complete and overtaken >= 0:
-                self._add(overtaken, inflight)
-        releases.append((now, admitted, inflight))
+        released, order = self._released, self._admitted
+        if released and now < released[-1]:
+            now = released[-1]  # keep release times sorted if samples come out of order
+        key = (admitted, inflight)  # at one instant, the one admitted first found fewer
+        start = self._start
+        if (
+            count
+            and not dropped
+            and inflight > 1
+            and rtt > 0
+            and start < len(released)
+            and released[start] <= admitted  # the history reaches back to its admission
+        ):
+            # Released during its life: all but those admitted after it (these
+            # overtook it); the others were in flight when it was admitted.
+            during = len(released) - bisect.bisect_right(released, admitted, lo=start)
+            after = bisect.bisect_right(order, key, lo=start)
+            if bisect.bisect_left(order, key, lo=start, hi=after) == after:
+                # (Another admitted at the same instant and level: order unknown.)
+                overtaken = inflight - 1 - (during - (len(order) - after))
+                if overtaken >= 0:
+                    self._add(overtaken, inflight)
+        released.append(now)
+        bisect.insort(order, key, lo=start)  # near the end: admissions are nearly in order
+        if len(released) - start > _HISTORY:
+            # Forget the oldest now and then (a list's head is dear to delete one by one).
+            start += _HISTORY // 4
+            if start >= _HISTORY:
+                del released[:start]
+                del order[:start]
+                start = 0
+            self._start = start
 
     def clear(self) -> None:
         """Forget the histogram (the service changed: its requests overtook old ones)."""
         self._window.clear()
+        self._counts.clear()
         self._recent.clear()
         self._since_fit = 0
         self._edge = None
@@ -124,16 +139,22 @@ class OvertakeEdge:
         self._round_count += 1
         recent = self._recent
         recent.append(overtaken)
-        self._recent_level = max(inflight, self._recent_level)
-        while len(recent) > max(_RECENT_MIN, 2 * self._recent_level):
+        if inflight > self._recent_level:
+            self._recent_level = inflight
+        keep = 2 * self._recent_level
+        if keep < _RECENT_MIN:
+            keep = _RECENT_MIN
+        while len(recent) > keep:
             recent.popleft()
-            self._recent_level = max(inflight, self._recent_level - 1)  # slowly forget
-        window = self._window
+            if self._recent_level > inflight:
+                self._recent_level -= 1  # slowly forget a higher level
+        window, counts = self._window, self._counts
         window.append((overtaken, inflight))
+        counts[overtaken] += 1
         while len(window) > self._size:
-            window.popleft()
+            counts[window.popleft()[0]] -= 1
         self._since_fit += 1
-        if self._since_fit >= max(16, self._size // 16):
+        if self._since_fit >= self._fit_every:
             self._since_fit = 0
             edge = self._fit()
             if edge != self._edge:
@@ -145,21 +166,27 @@ class OvertakeEdge:
         window = self._window
         if len(window) < _WINDOW_MIN:
             return None
-        counts = Counter(k for k, _ in window)
+        counts = self._counts
         # The edge: past it, no more than a few requests (1 in 20 of those at the top,
         # at least one): a release seen a moment late, a drop counted as served.
-        highest = max(counts)
+        highest = max(k for k, n in counts.items() if n > 0)
         edge, past = highest + 1, 0
         for candidate in range(highest, 1, -1):  # the lowest edge that passes
             past += counts[candidate]  # requests that overtook at least ``candidate``
             if past <= max(1.0, _STRAY * counts[candidate - 1]):
                 edge = candidate
         self._size = max(_WINDOW_MIN, _WINDOW_PER_WORKER * edge)
+        self._fit_every = max(16, self._size // 16)
         if self._edge is not None and edge == self._edge and counts[edge - 1] > 0:
             return edge  # nothing past the last edge, and requests still reach it
         # Requests admitted over the edge could have overtaken more: did they reach it?
-        top = sum(1 for k, level in window if k == edge - 1 and level > edge)
-        below = sum(1 for k, level in window if k == edge - 2 and level > edge)
+        top = below = 0
+        for k, level in window:
+            if level > edge and edge - 2 <= k < edge:
+                if k == edge - 1:
+                    top += 1
+                else:
+                    below += 1
         if edge < 2 or not _PLATEAU * below <= top <= _PILED * below:
             return None  # tapering (no edge), or piled up at one value (requests in step)
         expected_past = top * min(1.0, top / below) if below else float(top)
