@@ -287,7 +287,8 @@ class Little(LimitAlgorithm):
     @property
     def overtake_edge(self) -> int | None:
         """The workers the order of completions shows (``loadshed.limits.overtake``),
-        or None while it shows none; caps the limit while service times vary."""
+        or None while it shows none; the cruise limit while service times vary and it
+        holds (see ``_edge_workers``)."""
         return self._overtakes.workers
 
     @property
@@ -1116,7 +1117,8 @@ class Little(LimitAlgorithm):
         """The overtake edge (loadshed.limits.overtake) while it holds: not far under
         the estimate (an edge far under rate x latency is the service's spread, not
         the workers), and reached by the latest requests (fewer workers now: the
-        histogram would take a window to show it)."""
+        histogram would take a window to show it). An edge that agrees with the
+        estimate also marks the origin as one that serves in order (``_fifo``)."""
         overtakes = self._overtakes
         edge = overtakes.workers
         if edge is None or _EDGE_AGREES * edge < bdp:

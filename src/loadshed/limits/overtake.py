@@ -31,6 +31,7 @@ not at all. Pure arithmetic on release times: no clock, no state machine.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import Counter, deque
 
 __all__ = ["OvertakeEdge"]
@@ -42,7 +43,6 @@ _EVIDENCE = 12.0  # expected overtakes past the edge that were not seen
 _PLATEAU = 0.75  # the top bin at least this x the one under it: level, not tapering
 _PILED = 2.0  # ... and at most this x it: not requests in step, all ending at one value
 _RECENT_MIN = 32  # the latest requests the lower bound reads (twice the most in flight)
-_PAST_ENDS = 1  # requests past the edge that end it
 _STRAY = 0.05  # requests past the edge forgiven, as a share of those at its top
 
 
@@ -67,7 +67,6 @@ class OvertakeEdge:
         self._edge: int | None = None
         self._size = _WINDOW_MIN  # requests the histogram keeps
         self._fit_every = 16  # requests between fits
-        self._past = 0  # requests past the edge since it was found
         # Overtakes of the latest requests, for the lower bound (see ``at_least``).
         self._recent: deque[int] = deque()
         self._recent_level = 0  # the most in flight among them
@@ -122,15 +121,12 @@ class OvertakeEdge:
         self._recent.clear()
         self._since_fit = 0
         self._edge = None
-        self._past = 0
 
     def _add(self, overtaken: int, inflight: int) -> None:
         if self._edge is not None and overtaken >= self._edge:
-            # Past the edge: more workers now (or a stray); the second such request
-            # since the edge was found ends it, and the histogram starts again.
-            self._past += 1
-            if self._past >= _PAST_ENDS:
-                self.clear()
+            # Past the edge: more workers now (or a stray, the cheaper error): the
+            # edge ends and the histogram starts again.
+            self.clear()
         top = self._round_top
         if overtaken > top[0]:
             top[0], top[1] = overtaken, top[0]
@@ -156,10 +152,7 @@ class OvertakeEdge:
         self._since_fit += 1
         if self._since_fit >= self._fit_every:
             self._since_fit = 0
-            edge = self._fit()
-            if edge != self._edge:
-                self._past = 0
-            self._edge = edge
+            self._edge = self._fit()
 
     def _fit(self) -> int | None:
         """The edge of the histogram, or None when it shows none."""
@@ -168,7 +161,7 @@ class OvertakeEdge:
             return None
         counts = self._counts
         # The edge: past it, no more than a few requests (1 in 20 of those at the top,
-        # at least one): a release seen a moment late, a drop counted as served.
+        # at least one): a completion seen a moment late, out of its order.
         highest = max(k for k, n in counts.items() if n > 0)
         edge, past = highest + 1, 0
         for candidate in range(highest, 1, -1):  # the lowest edge that passes
@@ -197,15 +190,7 @@ class OvertakeEdge:
         """Workers the latest requests show there are at least (0: none yet): the second
         most any of them overtook, plus one (one request may be a stray)."""
         recent = self._recent
-        if len(recent) < 2:
-            return 0
-        first = second = -1
-        for k in recent:
-            if k > first:
-                first, second = k, first
-            elif k > second:
-                second = k
-        return second + 1
+        return heapq.nlargest(2, recent)[1] + 1 if len(recent) >= 2 else 0
 
     def take_round_bound(self) -> tuple[int, int]:
         """The lower bound (as ``at_least``) over the requests counted since the last
