@@ -732,9 +732,17 @@ class Admission:
         service = self.service.mean
         if service is None:
             return _DEFAULT_QUEUE_WAIT
+        floor = service
+        ahead = self.algorithm.held_ahead
+        if ahead > 0:
+            # Jobs held ahead of the workers wait in flight: a request's time in flight
+            # is then its service plus that wait, and "one service time" is the part
+            # of it spent in a worker (Little's law with every slot full).
+            limit = self.algorithm.limit
+            floor = service * (limit - ahead) / limit if limit > ahead else service
         if not adaptive:
-            return service
-        return self.wait_bound.bound(service, self.patience.earliest)
+            return floor
+        return self.wait_bound.bound(service, self.patience.earliest, floor)
 
     def max_wait(self, *, own_deadline: bool = False) -> float:
         """The queue-wait bound a request queued now gets, in seconds: the adaptive

@@ -58,9 +58,15 @@ class AdaptiveWaitBound:
         self._grown = 0.0  # seconds of wait earned by patient clients (0: none yet)
         self._pressed = False  # the bound turned a request away since it last grew
 
-    def bound(self, service_mean: float, patience: float | None) -> float:
-        """The wait bound now, in seconds, given the mean service time and the learned
-        patience (None while unknown)."""
+    def bound(
+        self, service_mean: float, patience: float | None, floor: float | None = None
+    ) -> float:
+        """The wait bound now, in seconds, given the mean service time (a request's
+        time in flight) and the learned patience (None while unknown); ``floor``, the
+        least bound, is the mean service time unless given (less when jobs are held
+        ahead of the workers and wait in flight)."""
+        if floor is None:
+            floor = service_mean
         wait = self._grown
         top = self.ceiling - service_mean
         if wait > top:
@@ -69,7 +75,7 @@ class AdaptiveWaitBound:
             cut = min(patience * _SHRINK_TO, patience - _SERVICE_LEFT * service_mean)
             if wait > cut:
                 wait = cut
-        return wait if wait > service_mean else service_mean
+        return wait if wait > floor else floor
 
     def pressed(self) -> None:
         """The bound turned a request away (refused as the queue was full in time, or

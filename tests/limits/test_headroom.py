@@ -111,6 +111,26 @@ def test_headroom_never_inflates_the_estimate() -> None:
     assert little.limit <= 3
 
 
+def test_jobs_held_ahead_count_a_trials_extra_slot() -> None:
+    # The admission core reads a worker's service time as the time in flight x
+    # (limit - held_ahead) / limit: a trial's extra slot holds a job ahead too.
+    little = Little(headroom=True)
+    seen: set[tuple[int, int, int]] = set()
+    update = little.update
+
+    def recording(sample: Sample) -> int:
+        limit = update(sample)
+        seen.add((little.headroom, little.held_ahead, limit))
+        return limit
+
+    little.update = recording  # type: ignore[method-assign]
+    feed_fifo_origin(little, workers=1, service=0.025, seconds=60, dispatch=0.001)
+    assert (0, 1, 2) in seen  # the first trial's higher windows, before any headroom
+    assert (1, 1, 2) in seen  # the headroom it won
+    assert all(ahead <= limit - 1 for _, ahead, limit in seen)
+    assert Little().held_ahead == 0
+
+
 def test_drops_give_the_headroom_back() -> None:
     little = Little(headroom=True)
     feed_fifo_origin(little, workers=1, service=0.025, seconds=60, dispatch=0.001)

@@ -92,6 +92,14 @@ class LimitAlgorithm:
         throughput (``Little``: a job held ahead per worker); 0 for the others."""
         return 0
 
+    @property
+    def held_ahead(self) -> int:
+        """Slots of the limit that hold jobs ahead of the workers rather than serve
+        at once (the headroom, and a trial's extra slot while it measures one); the
+        admission core reads service times as in-flight time x (limit - held_ahead) /
+        limit, what each request spends in a worker when every slot is full."""
+        return self.headroom
+
     def check(self) -> None:
         """Make ready for use, or raise :class:`ConfigError` (field ``limit``) naming
         the members a subclass must define but does not. Admission calls it at start-up.

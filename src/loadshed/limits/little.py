@@ -241,6 +241,7 @@ class Little(LimitAlgorithm):
         self._trial_interval = _TRIAL_FIRST * cycle_rounds
         self._trial_grow = True  # the next trial tries one slot more (else: one less)
         self._trial_growing = True  # the trial running tries one slot more
+        self._trial_from = 0  # the limit when the running trial began
 
     @property
     def limit(self) -> int:
@@ -271,6 +272,16 @@ class Little(LimitAlgorithm):
         """Slots kept over the estimate because a trial showed they add throughput
         (a job handed ahead to a worker; see ``loadshed.limits.headroom``)."""
         return self._headroom
+
+    @property
+    def held_ahead(self) -> int:
+        """The headroom, and while a trial runs the slot it adds or takes away; never
+        the whole limit (a drain or a back-off may hold it under the headroom)."""
+        ahead = self._headroom
+        trial = self._trial
+        if trial is not None:
+            ahead += trial.limit - self._trial_from
+        return max(0, min(ahead, self._limit - 1))
 
     @property
     def variable(self) -> bool:
@@ -1175,6 +1186,7 @@ class Little(LimitAlgorithm):
         self._trial_growing = growing
         # Room for one more service time of latency, and as much again for its noise.
         self._trial = HeadroomTrial(low, high, min_slack=2 * self._latency_min)
+        self._trial_from = limit
         self._limit = self._trial.limit
 
     def _end_trial(self, verdict: TrialVerdict) -> None:
