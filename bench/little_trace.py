@@ -3,6 +3,12 @@
     .venv/bin/python bench/little_trace.py "w16 exponential 50ms poisson 1.5x t3 steady deadline"
     .venv/bin/python bench/little_trace.py 2 --seeds 1,2 --rounds 5   # core cell 2, every 5th round
     .venv/bin/python bench/little_trace.py 19 --sample-seed 7   # cell 19 of that draw
+    .venv/bin/python bench/little_trace.py e2 --e2-sigma 0.02 --no-deadline --seeds 2 --rounds 1
+
+``e2`` traces E2 in the simulator instead (7 workers, 1 s -> 2 s at 60 s, 5 req/s, 2.5 s
+timeout, as ``bench/sim_compare.py --only e2``; ``--e2-sigma`` gives its service times a
+machine's jitter, log-normal): the score is the goodput after the change over the new
+capacity, the column ``bench/sim_compare.py`` prints.
 
 The cell is given by its label (as ``bench/robustness.py`` prints it; any combination
 parses, drawn or not) or by its index
@@ -25,10 +31,47 @@ from __future__ import annotations
 import argparse
 import collections
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from loadshed.limits.base import Sample
 from loadshed.limits.little import Little
+from loadshed.sim.scenarios import LimiterConfig, run_capacity_change
 from robustness import Cell, draw_cells, score
+
+
+@dataclass(frozen=True)
+class E2:
+    """E2 as ``bench/sim_compare.py`` runs it, optionally with log-normal jitter."""
+
+    sigma: float | None  # None: the published constant service time
+    deadlines: bool
+    workers: int = 7
+
+    @property
+    def label(self) -> str:
+        shape = f"lognormal {self.sigma:g}" if self.sigma is not None else "constant"
+        sent = "deadline" if self.deadlines else "no-deadline"
+        return f"E2 ({shape} service, {sent}): 120 s, 7 -> 3.5 req/s capacity at 60 s"
+
+
+def score_e2(e2: E2, limit: str, seed: int) -> float:
+    """Goodput after E2's change as a share of the new capacity, one seed."""
+    name, _, value = limit.partition(":")
+    result = run_capacity_change(
+        limiter=LimiterConfig(name, limit_value=int(value) if value else None),
+        send_deadline=e2.deadlines,
+        duration=120.0,
+        seed=seed,
+        dist="lognormal" if e2.sigma is not None else "constant",
+        sigma=e2.sigma if e2.sigma is not None else 0.5,
+        arrivals="constant",
+    )
+    return float(result["steps"][1]["goodput_ratio"])
+
+
+def score_any(target: Cell | E2, limit: str, seed: int) -> float:
+    """A robustness cell's score, or E2's after the change."""
+    return score_e2(target, limit, seed) if isinstance(target, E2) else score(target, limit, seed)
 
 
 def find_cell(spec: str, cells: int, sample_seed: int) -> Cell:
@@ -116,21 +159,21 @@ def _patch(recorder: _Recorder) -> Callable[[], None]:
     return undo
 
 
-def trace(cell: Cell, seed: int, every: int) -> tuple[float, _Recorder]:
+def trace(cell: Cell | E2, seed: int, every: int) -> tuple[float, _Recorder]:
     """``little``'s score on ``cell`` for ``seed`` and what it did."""
     recorder = _Recorder(every)
     undo = _patch(recorder)
     try:
-        result = score(cell, "little", seed)
+        result = score_any(cell, "little", seed)
     finally:
         undo()
     return result, recorder
 
 
-def report(cell: Cell, seed: int, fixed: list[int], every: int) -> list[str]:
+def report(cell: Cell | E2, seed: int, fixed: list[int], every: int) -> list[str]:
     """The lines printed for one seed."""
     little, recorder = trace(cell, seed, every)
-    scores = "  ".join(f"fixed:{n} {score(cell, f'fixed:{n}', seed):.3f}" for n in fixed)
+    scores = "  ".join(f"fixed:{n} {score_any(cell, f'fixed:{n}', seed):.3f}" for n in fixed)
     total = sum(recorder.limits.values()) or 1.0
     shares = sorted(recorder.limits.items())
     limits = " ".join(f"{n}:{time / total:.0%}" for n, time in shares if time / total >= 0.01)
@@ -149,7 +192,13 @@ def report(cell: Cell, seed: int, fixed: list[int], every: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("cell", help="a cell's label or its index in the draw")
+    parser.add_argument("cell", help="a cell's label, its index in the draw, or e2")
+    parser.add_argument(
+        "--e2-sigma", type=float, help="with e2: log-normal service, this sigma (e.g. 0.02)"
+    )
+    parser.add_argument(
+        "--no-deadline", action="store_true", help="with e2: clients send no deadline"
+    )
     parser.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
     parser.add_argument("--fixed", default="", help="fixed limits to compare (default W-1,W,W+1)")
     parser.add_argument("--rounds", type=int, default=0, help="print every K-th round (0: none)")
@@ -172,13 +221,25 @@ def main(argv: list[str] | None = None) -> int:
             "little_trace: loadshed.limits.little is the compiled build; run with the "
             "source tree (make's .venv, or PYTHONPATH=src)"
         )
-    cell = find_cell(args.cell, args.cells, args.sample_seed)
+    if args.e2_sigma is not None and not args.e2_sigma > 0:
+        parser.error(f"--e2-sigma must be > 0, got {args.e2_sigma:g}")
+    cell: Cell | E2
+    if args.cell.lower() == "e2":
+        cell = E2(args.e2_sigma, deadlines=not args.no_deadline)
+    elif args.e2_sigma is not None or args.no_deadline:
+        parser.error("--e2-sigma and --no-deadline go with the cell e2")
+    else:
+        cell = find_cell(args.cell, args.cells, args.sample_seed)
     if not fixed:
         w = cell.workers
         fixed = [n for n in (w - 1, w, w + 1) if n >= 1]
     if any(n < 1 for n in fixed):
         parser.error("--fixed limits must be >= 1")
-    print(f"{cell.label}: {cell.duration:g} s, {cell.workers / cell.service_time:g} req/s capacity")
+    if isinstance(cell, E2):
+        print(cell.label)
+    else:
+        capacity = cell.workers / cell.service_time
+        print(f"{cell.label}: {cell.duration:g} s, {capacity:g} req/s capacity")
     for seed in seeds:
         print("\n".join(report(cell, seed, fixed, args.rounds)))
     return 0
