@@ -733,13 +733,14 @@ class Admission:
         if service is None:
             return _DEFAULT_QUEUE_WAIT
         floor = service
-        ahead = self.algorithm.held_ahead
-        if ahead > 0:
+        held = self.algorithm.held_ahead
+        if held > 0:
             # Jobs held ahead of the workers wait in flight: a request's time in flight
             # is then its service plus that wait, and "one service time" is the part
             # of it spent in a worker (Little's law with every slot full).
             limit = self.algorithm.limit
-            floor = service * (limit - ahead) / limit if limit > ahead else service
+            if limit > held:
+                floor = service * (limit - held) / limit
         if not adaptive:
             return floor
         return self.wait_bound.bound(service, self.patience.earliest, floor)

@@ -95,9 +95,10 @@ class LimitAlgorithm:
     @property
     def held_ahead(self) -> int:
         """Slots of the limit that hold jobs ahead of the workers rather than serve
-        at once (the headroom, and a trial's extra slot while it measures one); the
-        admission core reads service times as in-flight time x (limit - held_ahead) /
-        limit, what each request spends in a worker when every slot is full."""
+        at once (the headroom, and a trial's extra slot while it measures one). The
+        admission core's queue-wait floor, one service time, is then the mean time in
+        flight x (limit - held_ahead) / limit: what a request spends in a worker when
+        every slot is full."""
         return self.headroom
 
     def check(self) -> None:
