@@ -33,13 +33,18 @@ class Knee:
     weight: float  # requests at levels up to the knee (all of them without a knee)
 
 
-def fit_knee(levels: Iterable[tuple[int, float, float]], sd: float, z: float = 3.0) -> Knee | None:
+def fit_knee(
+    levels: Iterable[tuple[int, float, float]], sd: float, z: float = 3.0, lowest: int = 0
+) -> Knee | None:
     """Least-squares fit of the knee to ``(level, requests, latency sum)`` triples.
 
     Each level's mean counts with the weight of its requests. A knee is kept only
     when it explains the means better than a flat line by ``z`` standard errors of
     the latency (``sd``: one request's standard deviation): otherwise the levels are
-    flat (no queue seen) and the service time is their pooled mean. Every integer
+    flat (no queue seen) and the service time is their pooled mean, unless the
+    best knee is at ``lowest`` or over it (workers known to exist, e.g. from the
+    order of completions): then its service time, still with no knee reported (a
+    flat mean over levels that did queue reads the service high). Every integer
     knee from the lowest level up is tried; the sums make each try O(1).
     Returns None without data.
     """
@@ -68,6 +73,8 @@ def fit_knee(levels: Iterable[tuple[int, float, float]], sd: float, z: float = 3
             if gain > best_gain:
                 best_gain, best = gain, Knee(numerator / denominator, w, below_n)
     if best.workers is not None and best_gain - flat_gain < (z * sd) ** 2:
+        if lowest > 0 and best.workers >= lowest and math.isfinite(best.service):
+            return Knee(best.service, None, count)
         return Knee(total / count, None, count)
     if not math.isfinite(best.service):
         return None

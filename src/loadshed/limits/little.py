@@ -56,7 +56,7 @@ _VARIABLE_OFF = 0.07  # ... and below which minima are used again (hysteresis)
 _VARIABLE_ON_QUEUED = 0.4
 _VARIABLE_DOF = 4  # degrees of freedom the variation needs before it is trusted
 _VARIABLE_ROUND = 8  # successes per round at least, so that a round's mean means something
-_STARTUP_BOUND_MIN = 8  # a round's overtake bound at least this before it is compared
+_STARTUP_BOUND_MIN = 1  # the round before showed a bound (one worker: nobody overtakes)
 _STARTUP_BOUND_GROWTH = 1.1  # ... and one at most this x the last: the limit's doubling queued
 _VARIABLE_STARTUP_ROUND = 4  # ... in start-up, where the rate doubles from round to round
 _VARIABLE_QUEUE_RISE = 1.25  # round mean over this x the unqueued mean (and significant)
@@ -574,7 +574,9 @@ class Little(LimitAlgorithm):
         if self._trial is not None:
             self._limit = self._trial.limit  # the trial holds the limit (drops end it)
             return
-        if drops > successes:
+        if drops > successes and (not successes or not self._spread_unknown()):
+            # (Before the spread is known, only a round that served nothing: see
+            # _spread_unknown.)
             self._back_off_most_dropped(successes, bdp)
             return
         if bdp <= 0:
@@ -632,10 +634,30 @@ class Little(LimitAlgorithm):
         # so a run of slow samples does not recompute it each time.
         self._estimate_slots = self._slots(bdp) if bdp > 0 else 0
         self._cut_above = self._estimate_slots + self._headroom + 1 if bdp > 0 else 0
-        if self._variable:
-            # One slow request is the service's tail, not a queue: rounds judge.
+        if self._variable or self._spread_unknown():
+            # One slow request is the service's tail (or may be, before the spread
+            # is known), not a queue: rounds judge.
             self._cut_threshold = math.inf
         return bdp
+
+    def _spread_unknown(self) -> bool:
+        """Start-up on minima before any spread is measured (fewer than
+        ``_VARIABLE_DOF`` successive differences at any level).
+
+        Until then one slow request, a round whose minimum rose or a round with more
+        drops than successes may be the service's own spread, not a queue: with
+        exponential service a round of one completion reads its one sample as a queue
+        1.5 x over the minimum, and the cut, the drain and the back-off took start-up
+        down to the estimate from minima (a slot or two of 32 workers) for seconds
+        until means turned on. Stalls still end start-up, and a round with drops and
+        no success still backs off (every request timing out is overload whatever the
+        spread).
+        """
+        return (
+            not self._variable
+            and self._state is _State.STARTUP
+            and self._spread_totals[1] + self._startup_spread[1] < _VARIABLE_DOF - 0.5
+        )
 
     def _back_off_most_dropped(self, successes: int, bdp: float) -> None:
         """Most of what this limit admitted was computed for nobody: back off, at once
@@ -938,11 +960,16 @@ class Little(LimitAlgorithm):
                 known[0] *= scale
                 known[1] *= scale
         # A queue raises every level above the knee, along a line through the
-        # origin: fit it to every level at once (see loadshed.limits.knee).
+        # origin: fit it to every level at once (see loadshed.limits.knee). The
+        # workers the order of completions shows at least bound the knee from below:
+        # a best knee over them is taken even when not significant, since a flat
+        # line's mean would take in the queued levels and the estimate (rate x
+        # mean) would ratify their queue.
         knee = fit_knee(
             ((level, n, total) for level, (n, total) in stats.items()),
             self._latency_sd,
             _VARIABLE_Z,
+            self._overtakes.at_least,
         )
         if knee is not None:
             self._latency_mean = knee.service
@@ -959,9 +986,10 @@ class Little(LimitAlgorithm):
         self, rate: float, measuring: bool, queue_formed: bool, dropped: bool, bdp: float
     ) -> None:
         """Start-up with constant service: the limit at twice the estimate while the
-        rate grows; a queue, a drop or three rounds without growth end it."""
+        rate grows; a queue, a drop or three rounds without growth end it (the queue
+        and the drop only once the spread is known: ``_spread_unknown``)."""
         grew = measuring and rate >= _STARTUP_GROWTH * self._startup_best_rate
-        if (queue_formed and not grew) or dropped:
+        if ((queue_formed and not grew) or dropped) and not self._spread_unknown():
             self._enter_drain()
             return
         if not measuring and self._startup_best_rate == 0:
