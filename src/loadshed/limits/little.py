@@ -359,7 +359,11 @@ class Little(LimitAlgorithm):
             and (
                 (self._variable and self._state is not _State.STARTUP)
                 or sample.waited <= 0.0
-                or rtt > _LEVEL_RISE * (self._latency_mean if self._variable else self._latency_min)
+                or (
+                    rtt
+                    > _LEVEL_RISE * (self._latency_mean if self._variable else self._latency_min)
+                    and not self._spread_unknown()
+                )
             )
         ):
             # A request that waited for its slot and was then served as fast as with
@@ -649,14 +653,17 @@ class Little(LimitAlgorithm):
         exponential service a round of one completion reads its one sample as a queue
         1.5 x over the minimum, and the cut, the drain and the back-off took start-up
         down to the estimate from minima (a slot or two of 32 workers) for seconds
-        until means turned on. Stalls still end start-up, and a round with drops and
-        no success still backs off (every request timing out is overload whatever the
-        spread).
+        until means turned on. A drop that waited for its slot does not count either
+        (its latency cannot tell the origin's queue from the tail; counted, a round of
+        them backed 32 log-normal workers off to a limit of 1 for 1.9 s). Stalls still
+        end start-up, and a round with drops that did not wait and no success still
+        backs off (every request timing out is overload whatever the spread).
         """
         return (
             not self._variable
             and self._state is _State.STARTUP
-            and self._spread_totals[1] + self._startup_spread[1] < _VARIABLE_DOF - 0.5
+            and self._spread_totals[1] < _VARIABLE_DOF - 0.5
+            and self._startup_spread[1] < _VARIABLE_DOF - 0.5
         )
 
     def _back_off_most_dropped(self, successes: int, bdp: float) -> None:
