@@ -486,9 +486,8 @@ def test_drops_that_waited_for_their_slot_do_not_back_off_start_up_before_the_sp
     # Start-up on minima, no spread measured yet (no two requests at one level): a
     # request that waited for its slot and was then dropped after 8 x the minimum
     # latency may have met a queue, or the service's own tail. Counted as overload, a
-    # round of them backed start-up off to the estimate from minima (1 slot; 32
-    # log-normal workers sat at a limit of 1 for 1.9 s); they count once the spread
-    # is known.
+    # round of them backed start-up off to the estimate from minima (here 1 slot);
+    # they count once the spread is known.
     little = Little(initial_limit=8)
     t = 0.0
     for level, rtt in enumerate([0.05, 0.2, 0.08, 0.3, 0.12, 0.5, 0.07, 0.25], start=1):
