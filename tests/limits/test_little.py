@@ -480,32 +480,6 @@ def test_drops_of_requests_late_before_admission_do_not_back_off_start_up(
     assert share >= 0.965
 
 
-def test_drops_that_waited_for_their_slot_do_not_back_off_start_up_before_the_spread_is_known() -> (
-    None
-):
-    # Start-up on minima, no spread measured yet (no two requests at one level): a
-    # request that waited for its slot and was then dropped after 8 x the minimum
-    # latency may have met a queue, or the service's own tail. Counted as overload, a
-    # round of them backed start-up off to the estimate from minima (here 1 slot);
-    # they count once the spread is known.
-    little = Little(initial_limit=8)
-    t = 0.0
-    for level, rtt in enumerate([0.05, 0.2, 0.08, 0.3, 0.12, 0.5, 0.07, 0.25], start=1):
-        t += 0.05
-        little.update(Sample(rtt=rtt, inflight=level, dropped=False, now=t))
-    assert (little.limit, little.state) == (8, "startup")
-    t += 1.0
-    for _ in range(8):
-        t += 0.05
-        little.update(Sample(rtt=0.4, inflight=8, dropped=True, now=t, waited=0.5))
-    assert (little.limit, little.state) == (8, "startup")
-    # The same drops without a wait for the slot met a queue beyond the limit.
-    for _ in range(8):
-        t += 0.05
-        little.update(Sample(rtt=0.4, inflight=8, dropped=True, now=t))
-    assert little.limit < 8
-
-
 def test_late_admitted_drops_do_not_lock_the_limit_in_at_zero_goodput() -> None:
     # 16 constant workers, 19 clients that retry at once, a deadline of 2 service
     # times: a request that waited one service time for its slot is served exactly at
