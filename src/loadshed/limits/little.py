@@ -648,13 +648,11 @@ class Little(LimitAlgorithm):
         Until then one slow request, a round whose minimum rose or a round with more
         drops than successes may be the service's own spread, not a queue: with
         exponential service a round of one completion reads its one sample as a queue
-        1.5 x over the minimum, and the cut, the drain and the back-off took start-up
-        down to the estimate from minima (a slot or two of 32 workers) for seconds
-        until means turned on. Stalls still end start-up, and a round with drops and
-        no success still backs off (every request timing out is overload whatever the
-        spread; and drops must still end rounds: a variant that did not count drops
-        that waited for their slot locked one constant worker behind 4 clients with a
-        deadline of 2 service times at 2 slots and 0.10 of capacity, `fixed:1` 0.24).
+        1.5 x over the minimum, and the cut, the drain and the back-off would take
+        start-up down to the estimate from minima (a slot or two of 32 workers) until
+        means turned on. Stalls still end start-up, and a round with drops and no
+        success still backs off: every request timing out is overload whatever the
+        spread (docs/limits.md, ``startup``).
         """
         return (
             not self._variable
