@@ -266,6 +266,11 @@ async def test_client_leaving_holds_the_slot_until_the_upstream_answers() -> Non
         # The upstream answered 200 after its full work, to nobody: the client gave up,
         # a missed deadline for the limit (dropped), and a lesson in its patience.
         assert limiter.snapshot().counts.get("dropped") == 1
+        # The proxy releases the slot, then the middleware around it (on the server's
+        # thread) records the give-up: wait for it, boundedly.
+        waited_from = time.monotonic()
+        while not limiter.admission.patience.samples and time.monotonic() - waited_from < 2:
+            await asyncio.sleep(0.01)
         assert limiter.admission.patience.samples == 1
         assert not recorder.disconnected.is_set()
 
