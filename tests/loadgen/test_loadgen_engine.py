@@ -66,9 +66,12 @@ def test_timeout_abandons_request_and_closes_connection_within_50ms() -> None:
     # Latency of a timed-out request is the timeout itself.
     assert latency["p50"] == pytest.approx(0.2, abs=0.001)
     assert latency["max"] == pytest.approx(0.2, abs=0.001)
-    # The client dropped each connection within 50 ms of its timeout.
-    assert len(lifetimes) >= result.requests
-    assert all(0.19 <= life <= 0.25 for life in lifetimes), lifetimes
+    # The client dropped each connection within 50 ms of its timeout; the request each
+    # client had in flight when the run ended is cut then, up to 0.2 s early.
+    timed_out = [life for life in lifetimes if 0.19 <= life <= 0.25]
+    assert len(timed_out) >= result.requests, lifetimes
+    assert all(life <= 0.25 for life in lifetimes), lifetimes
+    assert len(lifetimes) - len(timed_out) <= options.clients, lifetimes
 
 
 def test_warmup_is_excluded_from_results() -> None:
