@@ -18,8 +18,10 @@ cells). For each seed: the cell's score (goodput over what could be served) for
 either side), the share of the run ``little`` spent at each limit (weighted by
 time), the share in each state, and when start-up last ended. ``--rounds K``
 also prints every K-th round's end: time, state, limit, estimate, and with variable
-service the fitted knee and unqueued mean latency. Deterministic per seed, like the
-matrix.
+service the fitted knee and unqueued mean latency. ``--window S`` prints the
+successes in each S seconds of the run for ``little`` and each ``--fixed`` limit, per
+seed and as a mean over the seeds: which part of the run (start-up, the steady state,
+after the change) the loss comes from. Deterministic per seed, like the matrix.
 
 A diagnostic for changes to ``little``: the matrix says which cell loses; this says
 whether it loses in start-up, in cruise above or below the workers, or after the
@@ -30,11 +32,14 @@ from __future__ import annotations
 
 import argparse
 import collections
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from loadshed.limits.base import Sample
 from loadshed.limits.little import Little
+from loadshed.sim import metrics
+from loadshed.sim.request import Status
 from loadshed.sim.scenarios import LimiterConfig, run_capacity_change
 from robustness import Cell, draw_cells, score
 
@@ -132,6 +137,35 @@ class _Recorder:
         self.rounds.append(line)
 
 
+class _Successes:
+    """Successes per window of ``window`` seconds (by the time the client got them)
+    while active: wraps the simulator's recorder, as ``_patch`` wraps ``Little``."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.counts: collections.Counter[int] = collections.Counter()
+
+    def __enter__(self) -> _Successes:
+        response = self._response = metrics.Recorder.response
+        counts, window = self.counts, self.window
+
+        def counted(
+            self: metrics.Recorder, status: int, latency: float, when: float, cost: float = 1.0
+        ) -> None:
+            if status == Status.SUCCESS:
+                counts[int(when // window)] += 1
+            response(self, status, latency, when, cost)
+
+        metrics.Recorder.response = counted  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        metrics.Recorder.response = self._response  # type: ignore[method-assign]
+
+    def row(self, windows: int) -> list[float]:
+        return [float(self.counts[i]) for i in range(windows)]
+
+
 def _patch(recorder: _Recorder) -> Callable[[], None]:
     """Route ``Little``'s updates and round ends through ``recorder``; returns the undo.
 
@@ -170,10 +204,40 @@ def trace(cell: Cell | E2, seed: int, every: int) -> tuple[float, _Recorder]:
     return result, recorder
 
 
-def report(cell: Cell | E2, seed: int, fixed: list[int], every: int) -> list[str]:
-    """The lines printed for one seed."""
-    little, recorder = trace(cell, seed, every)
-    scores = "  ".join(f"fixed:{n} {score_any(cell, f'fixed:{n}', seed):.3f}" for n in fixed)
+def duration(cell: Cell | E2) -> float:
+    """The run's length in seconds."""
+    return 120.0 if isinstance(cell, E2) else cell.duration
+
+
+def _window_line(name: str, row: list[float]) -> str:
+    return f"    {name:<10}" + "".join(f" {n:7.1f}" for n in row)
+
+
+def report(
+    cell: Cell | E2,
+    seed: int,
+    fixed: list[int],
+    every: int,
+    window: float = 0.0,
+    rows: dict[str, list[list[float]]] | None = None,
+) -> list[str]:
+    """The lines printed for one seed; with ``window``, each run's successes per
+    window are added to ``rows`` (by limit) as well."""
+    windows = math.ceil(duration(cell) / window - 1e-9) if window else 0
+    runs: dict[str, list[float]] = {}
+    successes = _Successes(window or 1.0)
+    with successes:
+        little, recorder = trace(cell, seed, every)
+    runs["little"] = successes.row(windows)
+    fixed_scores = []
+    for n in fixed:
+        successes = _Successes(window or 1.0)
+        with successes:
+            fixed_scores.append(score_any(cell, f"fixed:{n}", seed))
+        runs[f"fixed:{n}"] = successes.row(windows)
+    scores = "  ".join(
+        f"fixed:{n} {value:.3f}" for n, value in zip(fixed, fixed_scores, strict=True)
+    )
     total = sum(recorder.limits.values()) or 1.0
     shares = sorted(recorder.limits.items())
     limits = " ".join(f"{n}:{time / total:.0%}" for n, time in shares if time / total >= 0.01)
@@ -187,6 +251,12 @@ def report(cell: Cell | E2, seed: int, fixed: list[int], every: int) -> list[str
         f"  time in each state: {states}",
         f"  start-up last ended at {left:.3f}s" if left is not None else "  never left start-up",
     ]
+    if windows:
+        lines.append(f"  successes per {window:g} s:")
+        for name, row in runs.items():
+            lines.append(_window_line(name, row))
+            if rows is not None:
+                rows.setdefault(name, []).append(row)
     return lines + recorder.rounds
 
 
@@ -202,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
     parser.add_argument("--fixed", default="", help="fixed limits to compare (default W-1,W,W+1)")
     parser.add_argument("--rounds", type=int, default=0, help="print every K-th round (0: none)")
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=0.0,
+        help="print successes per this many seconds, per seed and mean (0: none)",
+    )
     parser.add_argument("--cells", type=int, default=24, help="cells in the draw (default 24)")
     parser.add_argument("--sample-seed", type=int, default=12, help="the draw's seed (default 12)")
     args = parser.parse_args(argv)
@@ -212,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds and --fixed take comma-separated integers")
     if args.rounds < 0:
         parser.error("--rounds must be >= 0")
+    if not (args.window >= 0 and math.isfinite(args.window)):
+        parser.error(f"--window must be >= 0 seconds, got {args.window:g}")
     if not seeds:
         parser.error("--seeds needs at least one seed")
     if not hasattr(Little.update, "__code__"):
@@ -240,8 +318,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         capacity = cell.workers / cell.service_time
         print(f"{cell.label}: {cell.duration:g} s, {capacity:g} req/s capacity")
+    if args.window and duration(cell) / args.window > 240:
+        parser.error(
+            f"--window {args.window:g} s splits the {duration(cell):g} s run into "
+            "more than 240 windows"
+        )
+    rows: dict[str, list[list[float]]] = {}
     for seed in seeds:
-        print("\n".join(report(cell, seed, fixed, args.rounds)))
+        print("\n".join(report(cell, seed, fixed, args.rounds, args.window, rows)))
+    if args.window and len(seeds) > 1:
+        print(f"mean successes per {args.window:g} s over seeds {args.seeds}:")
+        for name, runs in rows.items():
+            mean = [sum(column) / len(runs) for column in zip(*runs, strict=True)]
+            print(_window_line(name, mean))
     return 0
 
 
