@@ -50,7 +50,7 @@ def goodputs(cells: list[Cell], algorithm: str, seeds: int) -> dict[str, float]:
     """Mean goodput per cell label over seeds 1 .. ``seeds``, with this process's code."""
     jobs = [(cell, algorithm, seed) for cell in cells for seed in range(1, seeds + 1)]
     # The biggest runs first, so that the pool does not end on one long run.
-    jobs.sort(key=lambda j: -j[0].workers * j[0].load * j[0].duration / j[0].service_time)
+    jobs.sort(key=lambda j: -j[0].requests)
     totals: dict[str, float] = {}
     with ProcessPoolExecutor() as pool:
         for label, value in pool.map(_score, jobs, chunksize=4):

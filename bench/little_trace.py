@@ -137,7 +137,7 @@ class _Recorder:
         self.rounds.append(line)
 
 
-class _Successes:
+class Successes:
     """Successes per window of ``window`` seconds (by the time the client got them)
     while active: wraps the simulator's recorder, as ``_patch`` wraps ``Little``."""
 
@@ -145,7 +145,7 @@ class _Successes:
         self.window = window
         self.counts: collections.Counter[int] = collections.Counter()
 
-    def __enter__(self) -> _Successes:
+    def __enter__(self) -> Successes:
         response = self._response = metrics.Recorder.response
         counts, window = self.counts, self.window
 
@@ -225,13 +225,13 @@ def report(
     window are added to ``rows`` (by limit) as well."""
     windows = math.ceil(duration(cell) / window - 1e-9) if window else 0
     runs: dict[str, list[float]] = {}
-    successes = _Successes(window or 1.0)
+    successes = Successes(window or 1.0)
     with successes:
         little, recorder = trace(cell, seed, every)
     runs["little"] = successes.row(windows)
     fixed_scores = []
     for n in fixed:
-        successes = _Successes(window or 1.0)
+        successes = Successes(window or 1.0)
         with successes:
             fixed_scores.append(score_any(cell, f"fixed:{n}", seed))
         runs[f"fixed:{n}"] = successes.row(windows)

@@ -20,40 +20,23 @@ the same ``--cells``, ``--sample-seed`` and ``--seeds``).
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import statistics
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from loadshed.sim import metrics
-from loadshed.sim.request import Status
+from little_trace import Successes
 from robustness import ALGORITHMS, VARIANTS, Cell, draw_cells, score
-
-_COUNTS: collections.Counter[str] = collections.Counter()
-_EARLY = [5.0]
-
-
-def _counted(
-    self: metrics.Recorder, status: int, latency: float, when: float, cost: float = 1.0
-) -> None:
-    if status == Status.SUCCESS:
-        _COUNTS["early" if when < _EARLY[0] else "late"] += 1
-    _RESPONSE(self, status, latency, when, cost)
-
-
-_RESPONSE = metrics.Recorder.response
-metrics.Recorder.response = _counted  # type: ignore[method-assign]
 
 
 def _successes(job: tuple[Cell, str, int, float]) -> tuple[int, int]:
-    """(early, late) successes of one run (in a worker process: the counter is its own)."""
+    """(early, late) successes of one run: window 0 of ``early`` seconds, and the rest."""
     cell, limit, seed, early = job
-    _EARLY[0] = early
-    _COUNTS.clear()
-    score(cell, limit, seed)
-    return _COUNTS["early"], _COUNTS["late"]
+    with Successes(early) as successes:
+        score(cell, limit, seed)
+    first = int(successes.counts[0])
+    return first, int(sum(successes.counts.values())) - first
 
 
 def split(
