@@ -83,6 +83,9 @@ _TRIAL_CHECK = 8  # x cycle_rounds at least before checking a slot that paid
 _TRIAL_LONGEST = 64  # x cycle_rounds: the longest interval between trials
 
 
+_NO_LEVEL = (0.0, 0.0, 0.0, 0.0)  # a level with no requests (see Little._spread_top)
+
+
 def _spread_of(sums: list[float]) -> tuple[float, float] | None:
     """(standard deviation, coefficient of variation) from summed halved squared
     successive differences, their count, latency sum and count; None with fewer than
@@ -231,7 +234,8 @@ class Little(LimitAlgorithm):
         # (completions seen, latency sum, requests) not yet pooled into a rate
         self._previous_rate_parts = (0.0, 0.0, 0.0)
         self._level_last: dict[int, float] = {}  # the last latency seen per in-flight level
-        # Per in-flight level: [count, latency sum], both decayed each round.
+        # Per in-flight level: [count, latency sum, halved squared successive
+        # differences, their count], all decayed each round.
         self._level_stats: dict[int, list[float]] = {}
         self._latency_weight = 0.0  # requests behind the unqueued mean (decayed)
         # Headroom: slots over the estimate a trial showed to add throughput.
@@ -795,9 +799,12 @@ class Little(LimitAlgorithm):
         if self._knee is not None:
             unqueued = min(unqueued, self._knee)  # levels past the knee queue
         startup_top = self._limit if self._state is _State.STARTUP and not self._variable else 0
+        spread_top = self._spread_top(levels)
         deviations, dof, total, count = 0.0, 0, 0.0, 0
         startup = self._startup_spread
         for level, (n, s, squares, differences) in levels.items():
+            if level > spread_top:
+                continue
             if level > unqueued:
                 if level <= startup_top:
                     startup[0] += squares / 2
@@ -884,6 +891,42 @@ class Little(LimitAlgorithm):
             self._floor = 0
             self._enter_cruise_if_known()
 
+    def _spread_top(self, levels: dict[int, list[float]]) -> float:
+        """The highest in-flight level whose spread may be the service's own (inf: all).
+
+        Service times do not depend on how many requests are in flight under the
+        workers: once the levels under a level (remembered and this round's, pooled)
+        show constant service (a variation under ``_VARIABLE_OFF`` over
+        ``_VARIABLE_DOF`` differences), a level varying over ``_VARIABLE_ON`` queued,
+        and it and those above it say nothing of the service's spread. With constant
+        service a queued request waits part of a service: 16 workers of 100 ms behind
+        32 closed-loop clients, start-up's minima read 18.8 workers (batches of
+        completions straddle a request's life), the queued levels 17-19 read as
+        spread and means turned on (0.91 of capacity instead of 0.98).
+        """
+        stats = self._level_stats
+        deviations = dof = total = count = 0.0
+        for level in sorted(stats.keys() | levels.keys()):
+            known = stats.get(level, _NO_LEVEL)
+            new = levels.get(level, _NO_LEVEL)
+            n = known[0] + new[0]
+            latency = known[1] + new[1]
+            level_deviations = known[2] + new[2] / 2
+            level_dof = known[3] + new[3]
+            if (
+                level_dof > 0
+                and n > 0
+                and dof >= _VARIABLE_DOF - 0.5
+                and deviations < (_VARIABLE_OFF * total / count) ** 2 * dof
+                and level_deviations > (_VARIABLE_ON * latency / n) ** 2 * level_dof
+            ):
+                return level - 1
+            deviations += level_deviations
+            dof += level_dof
+            total += latency
+            count += n
+        return math.inf
+
     def _rate_window_need(self) -> int:
         """Requests a rate window pools: enough for the measured spread (see above).
 
@@ -939,28 +982,30 @@ class Little(LimitAlgorithm):
         whatever the estimate, so a small queue cannot creep into the mean.
         """
         stats = self._level_stats
-        for level, (n, total, _, _) in levels.items():
+        for level, (n, total, squares, differences) in levels.items():
             known = stats.get(level)
             if known is None:
-                known = stats[level] = [n, total]
+                known = stats[level] = [n, total, squares / 2, differences]
             else:
                 known[0] += n
                 known[1] += total
+                known[2] += squares / 2
+                known[3] += differences
             if known[0] > _LEVEL_MEMORY:
                 # Past this, a moving mean: a level seldom visited (the anchor for
                 # those above it) keeps its weight; a visited one follows drift.
                 scale = _LEVEL_MEMORY / known[0]
-                known[0] = _LEVEL_MEMORY
-                known[1] *= scale
+                for i in range(4):
+                    known[i] *= scale
         # All levels together remember about _LEVELS_MEMORY requests: a level no
         # longer visited (queued before the workers doubled, fast before the model
         # slowed) fades instead of pinning the fit to a past regime.
-        remembered = sum(n for n, _ in stats.values())
+        remembered = sum(known[0] for known in stats.values())
         if remembered > _LEVELS_MEMORY:
             scale = _LEVELS_MEMORY / remembered
             for known in stats.values():
-                known[0] *= scale
-                known[1] *= scale
+                for i in range(4):
+                    known[i] *= scale
         # A queue raises every level above the knee, along a line through the
         # origin: fit it to every level at once (see loadshed.limits.knee). The
         # workers the order of completions shows at least bound the knee from below:
@@ -968,7 +1013,7 @@ class Little(LimitAlgorithm):
         # line's mean would take in the queued levels and the estimate (rate x
         # mean) would ratify their queue.
         knee = fit_knee(
-            ((level, n, total) for level, (n, total) in stats.items()),
+            ((level, known[0], known[1]) for level, known in stats.items()),
             self._latency_sd,
             _VARIABLE_Z,
             self._overtakes.at_least,
