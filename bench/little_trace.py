@@ -102,8 +102,9 @@ class _Recorder:
 
     def __init__(self, every: int) -> None:
         self.every = every
-        self.limits: collections.Counter[int] = collections.Counter()
-        self.states: collections.Counter[str] = collections.Counter()
+        # Seconds spent at each limit and in each state.
+        self.limits: collections.defaultdict[int, float] = collections.defaultdict(float)
+        self.states: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.rounds: list[str] = []
         self.left_startup: float | None = None  # the last move out of start-up
         self._last: tuple[float, int, str] | None = None  # (time, limit, state) last seen
@@ -242,7 +243,8 @@ def report(
     shares = sorted(recorder.limits.items())
     limits = " ".join(f"{n}:{time / total:.0%}" for n, time in shares if time / total >= 0.01)
     states = " ".join(
-        f"{state} {time / total:.0%}" for state, time in recorder.states.most_common()
+        f"{state} {time / total:.0%}"
+        for state, time in sorted(recorder.states.items(), key=lambda item: -item[1])
     )
     left = recorder.left_startup
     lines = [

@@ -452,11 +452,12 @@ def main() -> int:
         except (ValueError, IndexError):
             parser.error(f"--select: positions 0..{len(cells) - 1}, got {args.select!r}")
     seeds = 1 if args.quick else args.seeds
-    oracles = None
+    oracles: list[dict[str, Any]] | None = None
     if args.oracle:
-        oracles = _load_oracles(args.oracle, cells, seeds)
-        if isinstance(oracles, str):
-            parser.error(f"--oracle: {oracles}")
+        loaded = _load_oracles(args.oracle, cells, seeds)
+        if isinstance(loaded, str):
+            parser.error(f"--oracle: {loaded}")
+        oracles = loaded
     started = time.perf_counter()
     rows = run(cells, algorithms, seeds, args.jobs, oracles)
     command = "python bench/robustness.py " + " ".join(sys.argv[1:])
