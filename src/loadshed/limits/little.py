@@ -913,14 +913,14 @@ class Little(LimitAlgorithm):
             latency = known[1] + new[1]
             level_deviations = known[2] + new[2] / 2
             level_dof = known[3] + new[3]
-            if (
-                level_dof > 0
-                and n > 0
-                and dof >= _VARIABLE_DOF - 0.5
-                and deviations < (_VARIABLE_OFF * total / count) ** 2 * dof
-                and level_deviations > (_VARIABLE_ON * latency / n) ** 2 * level_dof
-            ):
-                return level - 1
+            if level_dof > 0 and n > 0:
+                below = _spread_of([deviations, dof, total, count])
+                if (
+                    below is not None
+                    and below[1] < _VARIABLE_OFF
+                    and level_deviations > (_VARIABLE_ON * latency / n) ** 2 * level_dof
+                ):
+                    return level - 1
             deviations += level_deviations
             dof += level_dof
             total += latency
