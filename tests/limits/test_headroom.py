@@ -143,11 +143,15 @@ def test_drops_give_the_headroom_back() -> None:
 
 
 def paradox_goodput(
-    limit: str, dispatch: float, service: float = 0.025, timeout: float = 2.0
+    limit: str,
+    dispatch: float,
+    service: float = 0.025,
+    timeout: float = 2.0,
+    clients: int = 4,
 ) -> float:
     scenario = ParadoxScenario(
         limiter=LimiterConfig(limit),
-        clients=(4,),
+        clients=(clients,),
         workers=1,
         service=ServiceConfig(service),
         timeout=timeout,
@@ -176,6 +180,15 @@ def test_impatient_clients_keep_the_limit_at_the_workers() -> None:
     little = paradox_goodput("little+headroom", 0.001, service=0.05, timeout=0.2)
     assert little >= paradox_goodput("fixed:1", 0.001, service=0.05, timeout=0.2) - 0.005
     assert paradox_goodput("fixed:2", 0.001, service=0.05, timeout=0.2) < 0.5
+
+
+def test_a_probe_backed_off_by_drops_does_not_step_up() -> None:
+    # 64 clients that retry at once and leave after 100 ms (2 services): a probe to
+    # 2 slots times clients out, most of its round drops, and the back-off takes the
+    # limit back to 1. Judged as a probe at its base (no slot added), the next round
+    # passed and stepped up, doubling: 1, 3, 5, 9, ..., 65 slots, 0.70 of capacity.
+    little = paradox_goodput("little+headroom", 0.001, service=0.05, timeout=0.1, clients=64)
+    assert little >= 0.9
 
 
 def test_headroom_is_off_by_default() -> None:

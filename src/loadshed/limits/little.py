@@ -1160,7 +1160,11 @@ class Little(LimitAlgorithm):
             return
         extra = self._limit - self._probe_base_limit
         expected = self._probe_base_rate * extra / max(1, self._probe_base_limit)
-        if not dropped and rate >= self._probe_base_rate + _PROBE_SUCCESS * expected:
+        # A probe backed off to its base or under it (most of a round dropped) added no
+        # slot: nothing it measured can pass, however fast the round (left to pass, it
+        # stepped up from there, doubling: one 50 ms worker behind 64 clients that leave
+        # after 100 ms went 1, 3, 5, 9, ..., 65 slots).
+        if extra > 0 and not dropped and rate >= self._probe_base_rate + _PROBE_SUCCESS * expected:
             # The extra slots were used: there is more capacity. Probe further.
             self._ceiling = None
             if self._variable:
