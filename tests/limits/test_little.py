@@ -706,3 +706,46 @@ def test_variable_start_up_stops_where_requests_stop_overtaking_more() -> None:
         highest = max(highest, little.limit)
     assert highest <= 2 * workers
     assert workers <= little.limit <= workers + 2
+
+
+def _probes_on_one_worker(timeout: float, seconds: float = 60.0) -> int:
+    """Probes ``Little`` makes on one saturated 50 ms worker whose clients leave after
+    ``timeout`` (a request served later is a drop; the worker still served it)."""
+    little = Little()
+    now, worker_free, probes = 0.0, 0.0, 0
+    inflight: list[tuple[float, float, int]] = []  # (completion, admitted, in flight)
+    while now < seconds:
+        while len(inflight) < little.limit:
+            worker_free = max(now, worker_free) + 0.05
+            inflight.append((worker_free, now, len(inflight) + 1))
+        inflight.sort()
+        done, admitted, level = inflight.pop(0)
+        now = done
+        before = little.state
+        dropped = done - admitted > timeout
+        little.update(
+            Sample(rtt=done - admitted, inflight=level, dropped=dropped, now=now, queued=5)
+        )
+        probes += before != "probe" and little.state == "probe"
+    return probes
+
+
+def test_probes_that_time_clients_out_come_less_often() -> None:
+    # One 50 ms worker: a slot more doubles the wait. Clients that wait 2 s pay a
+    # queue for a probe; clients that leave after 100 ms lose the work it held (2 or 3
+    # timeouts each), so those probes back off further (5 % of the goodput at 8
+    # cycles apart: simulate paradox --service-time 50ms --timeout 100ms --clients 2).
+    patient, impatient = _probes_on_one_worker(2.0), _probes_on_one_worker(0.1)
+    assert 2 * impatient <= patient
+    assert impatient >= 3  # still probing: more workers may come
+    goodput = run_paradox(
+        limiter=LimiterConfig("little"),
+        clients=(2,),
+        workers=1,
+        service=ServiceConfig(0.05),
+        timeout=0.1,
+        send_deadline=False,
+        duration=30.0,
+        dispatch_delay=0.001,
+    )["steps"][0]["goodput_ratio"]
+    assert goodput >= 0.93  # 0.908 when every probe came 8 cycles after the last

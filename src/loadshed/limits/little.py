@@ -43,6 +43,8 @@ _STARTUP_SATURATED = 0.8  # a round's completions under this x its slots' share:
 _QUEUE_RISE = 1.5  # round latency over this x the minimum: requests queued somewhere
 _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut now
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
+_PROBE_COSTLY = 0.5  # share of a probe's requests dropped (twice cruise's) that was costly
+_PROBE_COSTLY_LONGEST = 32  # x cycle_rounds: the longest interval after costly probes
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
 _RATE_BOUND_SLACK = 2.0  # a round's rate at most this x Little's bound (noise allowed)
@@ -201,6 +203,18 @@ class Little(LimitAlgorithm):
         self._probe_step = 1
         self._probe_base_limit = 0
         self._probe_base_rate = 0.0
+        # The last probe: when it began, when it was last seen running, the requests
+        # admitted during it that ended and those dropped, every request that ended
+        # since it began and those dropped, and whether its cost has lengthened the
+        # interval yet (see _probe_was_costly).
+        self._now = 0.0
+        self._probe_since = math.inf
+        self._probe_seen = -math.inf
+        self._probe_ended = 0
+        self._probe_drops = 0
+        self._since_probe_ended = 0
+        self._since_probe_drops = 0
+        self._probe_cost_charged = False
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
@@ -338,6 +352,19 @@ class Little(LimitAlgorithm):
     def update(self, sample: Sample) -> int:
         now = sample.now
         rtt = sample.rtt if sample.rtt > 0.0 else 0.0
+        self._now = now
+        if self._state is _State.PROBE:
+            self._probe_seen = now
+        self._since_probe_ended += 1
+        self._since_probe_drops += sample.dropped
+        if (
+            sample.inflight > self._probe_base_limit
+            and self._probe_since <= now - rtt <= self._probe_seen
+        ):
+            # Admitted on a slot the last probe added: counted whenever it ends (a
+            # queued one's client leaves after the probe has been judged).
+            self._probe_ended += 1
+            self._probe_drops += sample.dropped
         if self._round_start is None:
             self._round_start = now - rtt - 1e-9  # the first round starts with the first request
         # Only requests admitted during this round show the effect of its limit.
@@ -726,7 +753,11 @@ class Little(LimitAlgorithm):
             # round tells which (and whether the last slot was idle).
             self._floor = 0
             self._enter_drain()
-        elif self._cruise_rounds >= self._probe_interval and not overloaded:
+        elif (
+            self._cruise_rounds >= self._probe_interval
+            and not overloaded
+            and not self._probe_was_costly()
+        ):
             self._enter_probe(own_rate, bdp)
         elif (
             top_drops
@@ -1178,7 +1209,8 @@ class Little(LimitAlgorithm):
             # Nothing more to find: probe half as often next time, so a server at its
             # capacity is not made to queue every few rounds.
             if not self._variable:  # a probe fails by chance when the rate is noisy
-                self._probe_interval = min(self._probe_interval * 2, 8 * self.cycle_rounds)
+                longer = min(self._probe_interval * 2, 8 * self.cycle_rounds)
+                self._probe_interval = max(self._probe_interval, longer)
             self._enter_drain()
 
     def _slots(self, estimate: float) -> int:
@@ -1327,7 +1359,35 @@ class Little(LimitAlgorithm):
         self._probe_step = 1
         self._probe_base_limit = self._base(bdp)
         self._probe_base_rate = rate
+        self._probe_since = self._probe_seen = self._now
+        self._probe_ended = self._probe_drops = 0
+        self._since_probe_ended = self._since_probe_drops = 0
+        self._probe_cost_charged = False
         self._limit = self._clamp(self._probe_base_limit + 1)
+
+    def _probe_was_costly(self) -> bool:
+        """Whether the next probe waits longer because the last one cost clients their
+        patience: most requests admitted during it were dropped, twice the share of
+        the rest since. A failed probe costs a queue; with few workers a slot more
+        doubles the wait, and clients that leave sooner drop the work it held (one
+        50 ms worker, clients that leave after 100 ms: every request a probe admitted
+        timed out, 5 % of the goodput at 8 cycles apart). So the interval doubles once
+        more for each such probe, up to 32 cycles; a probe that finds more capacity
+        resets it. Where cruise drops as much (bursts), or a probe drops some of its
+        requests, probes keep their pace: they are how more workers are found.
+        Judged when the next probe is due, once every request the last one admitted
+        has ended."""
+        if self._probe_cost_charged or not self._probe_ended:
+            return False
+        share = self._probe_drops / self._probe_ended
+        rest = self._since_probe_ended - self._probe_ended
+        rest_share = (self._since_probe_drops - self._probe_drops) / rest if rest > 0 else 0.0
+        if share <= _PROBE_COSTLY or share <= 2 * rest_share:
+            return False
+        self._probe_cost_charged = True
+        longest = _PROBE_COSTLY_LONGEST * self.cycle_rounds
+        self._probe_interval = max(self._probe_interval, min(2 * self._probe_interval, longest))
+        return self._cruise_rounds < self._probe_interval
 
     def _enter_drain(self) -> None:
         self._drain_from = self._state
