@@ -78,6 +78,18 @@ def test_clients_with_no_room_for_a_job_more_get_no_headroom() -> None:
     assert verdict is TrialVerdict.TIGHT
 
 
+def test_a_higher_window_needs_no_demand_beyond_it() -> None:
+    # Two clients at two slots: nobody waits for admission at the higher limit, and
+    # its throughput is still measured (it can only read lower for it).
+    trial = HeadroomTrial(1, 2)
+    now, verdict = 0.0, TrialVerdict.RUNNING
+    while verdict is TrialVerdict.RUNNING:
+        high = trial.limit == 2
+        now += 0.025 if high else 0.026
+        verdict = trial.record(now, dropped=False, queued=0 if high else 1)
+    assert verdict is TrialVerdict.GAIN
+
+
 def test_the_limits_must_be_ordered() -> None:
     with pytest.raises(ValueError, match="low < high"):
         HeadroomTrial(2, 2)
@@ -180,6 +192,16 @@ def test_impatient_clients_keep_the_limit_at_the_workers() -> None:
     little = paradox_goodput("little+headroom", 0.001, service=0.05, timeout=0.2)
     assert little >= paradox_goodput("fixed:1", 0.001, service=0.05, timeout=0.2) - 0.005
     assert paradox_goodput("fixed:2", 0.001, service=0.05, timeout=0.2) < 0.5
+
+
+def test_two_clients_are_enough_for_a_slot_ahead() -> None:
+    # Two clients on one 25 ms worker: at two slots nobody waits for admission, so a
+    # trial's high windows read unsaturated; they were judged so and the trial ended
+    # (0.963 of capacity, as at fixed:1). Only the limit's own windows need demand
+    # beyond them: a high window that lacks it can only read less throughput.
+    little = paradox_goodput("little+headroom", 0.001, clients=2)
+    assert little >= paradox_goodput("fixed:2", 0.001, clients=2) - 0.01
+    assert little > paradox_goodput("fixed:1", 0.001, clients=2) + 0.02
 
 
 def test_a_probe_backed_off_by_drops_does_not_step_up() -> None:

@@ -21,7 +21,9 @@ request dropped, ends the trial without a verdict: the first says nothing of cap
 the second that clients will not wait for the extra job. So does more than one
 completion in ten finishing with less than ``min_slack`` before its deadline (the
 request's own or the clients' learned patience): a job held ahead would add its
-service time to every request's latency, and these clients have no room for it.
+service time to every request's latency, and these clients have no room for it. Only
+the lower limit's windows need demand beyond the limit; a higher window without it
+can only read less throughput.
 
 Pure: no clock, no asyncio; times come in the samples.
 """
@@ -111,7 +113,9 @@ class HeadroomTrial:
         seconds it had left before its deadline."""
         if dropped:
             return TrialVerdict.DROPPED
-        if queued <= 0:
+        if queued <= 0 and self._arm in (0, 3):
+            # Only the limit's own windows need demand beyond them: a high window
+            # without it (two clients at two slots) can only read less throughput.
             self._unsaturated += 1
             if 4 * self._unsaturated > self.window:
                 return TrialVerdict.UNSATURATED
