@@ -204,7 +204,7 @@ class Little(LimitAlgorithm):
         self._probe_base_limit = 0
         self._probe_base_rate = 0.0
         # The last probe: when it began, when it was last seen running, the requests
-        # admitted during it that ended and those dropped, every request that ended
+        # admitted on its added slots that ended and those dropped, every request that ended
         # since it began and those dropped, and whether its cost has lengthened the
         # interval yet (see _probe_was_costly).
         self._now = 0.0
@@ -1367,16 +1367,16 @@ class Little(LimitAlgorithm):
 
     def _probe_was_costly(self) -> bool:
         """Whether the next probe waits longer because the last one cost clients their
-        patience: most requests admitted during it were dropped, twice the share of
-        the rest since. A failed probe costs a queue; with few workers a slot more
-        doubles the wait, and clients that leave sooner drop the work it held (one
-        50 ms worker, clients that leave after 100 ms: every request a probe admitted
-        timed out, 5 % of the goodput at 8 cycles apart). So the interval doubles once
-        more for each such probe, up to 32 cycles; a probe that finds more capacity
-        resets it. Where cruise drops as much (bursts), or a probe drops some of its
-        requests, probes keep their pace: they are how more workers are found.
-        Judged when the next probe is due, once every request the last one admitted
-        has ended."""
+        patience: more than half the requests admitted on its added slots (with more
+        in flight than its base) were dropped, and over twice the share of all the
+        others since it began. A failed probe costs a queue; with few workers a slot
+        more doubles the wait, and clients that leave sooner drop the work it held
+        (one 50 ms worker, clients that leave after 100 ms: 2 or 3 timeouts a probe, 5 %
+        of the goodput at 8 cycles apart). So the interval doubles once more for each
+        such probe, up to 32 cycles; a probe that finds more capacity resets it. Where
+        cruise drops as much (bursts), or fewer of a probe's requests drop, probes keep
+        their pace: they are how more workers are found. Judged when the next probe
+        is due, once every request the last one admitted has ended."""
         if self._probe_cost_charged or not self._probe_ended:
             return False
         share = self._probe_drops / self._probe_ended
