@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 from loadshed.limits.base import Sample
 from loadshed.limits.little import Little
 
@@ -14,14 +17,18 @@ def feed_fifo_origin(
     seconds: float,
     dispatch: float = 0.0,
     settle: bool = False,
+    timeout: float = math.inf,
+    after_update: Callable[[str], None] | None = None,
 ) -> float:
     """Drive ``little`` with a saturated FIFO origin of ``workers`` constant-time workers.
 
     Demand always exceeds the limit (queued > 0), so each freed slot is refilled at
     once; latency is the wait for a worker plus the service time. A request reaches
     the origin ``dispatch`` seconds after its admission (a server's own overhead).
-    ``settle``: go on past ``seconds`` until ``little`` cruises (not mid-probe). Returns
-    the time of the last sample.
+    ``settle``: go on past ``seconds`` until ``little`` cruises (not mid-probe).
+    ``timeout``: a request that took longer is a drop (its client left; the worker
+    still served it). ``after_update`` is called after each sample with the state
+    ``little`` was in before it. Returns the time of the last sample.
     """
     now = 0.0
     worker_free = [0.0] * workers
@@ -35,5 +42,9 @@ def feed_fifo_origin(
         inflight.sort()
         done, admitted, level = inflight.pop(0)
         now = done
-        little.update(Sample(rtt=done - admitted, inflight=level, dropped=False, now=now, queued=5))
+        before = little.state
+        rtt = done - admitted
+        little.update(Sample(rtt=rtt, inflight=level, dropped=rtt > timeout, now=now, queued=5))
+        if after_update is not None:
+            after_update(before)
     return now

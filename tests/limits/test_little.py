@@ -711,23 +711,15 @@ def test_variable_start_up_stops_where_requests_stop_overtaking_more() -> None:
 def _probes_on_one_worker(timeout: float, seconds: float = 60.0) -> int:
     """Probes ``Little`` makes on one saturated 50 ms worker whose clients leave after
     ``timeout`` (a request served later is a drop; the worker still served it)."""
-    little = Little()
-    now, worker_free, probes = 0.0, 0.0, 0
-    inflight: list[tuple[float, float, int]] = []  # (completion, admitted, in flight)
-    while now < seconds:
-        while len(inflight) < little.limit:
-            worker_free = max(now, worker_free) + 0.05
-            inflight.append((worker_free, now, len(inflight) + 1))
-        inflight.sort()
-        done, admitted, level = inflight.pop(0)
-        now = done
-        before = little.state
-        dropped = done - admitted > timeout
-        little.update(
-            Sample(rtt=done - admitted, inflight=level, dropped=dropped, now=now, queued=5)
-        )
-        probes += before != "probe" and little.state == "probe"
-    return probes
+    little, probes = Little(), [0]
+
+    def count(before: str) -> None:
+        probes[0] += before != "probe" and little.state == "probe"
+
+    feed_fifo_origin(
+        little, workers=1, service=0.05, seconds=seconds, timeout=timeout, after_update=count
+    )
+    return probes[0]
 
 
 def test_probes_that_time_clients_out_come_less_often() -> None:

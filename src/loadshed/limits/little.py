@@ -207,7 +207,6 @@ class Little(LimitAlgorithm):
         # admitted on its added slots that ended and those dropped, every request that ended
         # since it began and those dropped, and whether its cost has lengthened the
         # interval yet (see _probe_was_costly).
-        self._now = 0.0
         self._probe_since = math.inf
         self._probe_seen = -math.inf
         self._probe_ended = 0
@@ -352,7 +351,6 @@ class Little(LimitAlgorithm):
     def update(self, sample: Sample) -> int:
         now = sample.now
         rtt = sample.rtt if sample.rtt > 0.0 else 0.0
-        self._now = now
         if self._state is _State.PROBE:
             self._probe_seen = now
         self._since_probe_ended += 1
@@ -1359,7 +1357,9 @@ class Little(LimitAlgorithm):
         self._probe_step = 1
         self._probe_base_limit = self._base(bdp)
         self._probe_base_rate = rate
-        self._probe_since = self._probe_seen = self._now
+        # It runs from the round _end_round has just started.
+        since = self._round_start if self._round_start is not None else -math.inf
+        self._probe_since = self._probe_seen = since
         self._probe_ended = self._probe_drops = 0
         self._since_probe_ended = self._since_probe_drops = 0
         self._probe_cost_charged = False
