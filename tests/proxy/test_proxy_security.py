@@ -127,12 +127,18 @@ class Connection:
         return self.name
 
 
+def _settle(bound: ClientConnections, *connections: Connection) -> None:
+    for connection in connections:
+        bound.read(connection)  # type: ignore[arg-type]
+
+
 def test_connections_are_admitted_up_to_the_limit_then_the_oldest_idle_makes_room() -> None:
     bound = ClientConnections(2)
     a, b, c = Connection("a"), Connection("b"), Connection("c")
-    assert bound.admit(a) and bound.admit(b)  # type: ignore[arg-type]
+    assert bound.admit(a, 0.0) and bound.admit(b, 0.0)  # type: ignore[arg-type]
     assert list(bound.open) == [a, b] and list(bound.idle) == [a, b]
-    assert bound.admit(c)  # type: ignore[arg-type]
+    _settle(bound, a, b)
+    assert bound.admit(c, 0.0)  # type: ignore[arg-type]
     assert a.transport.closed and not b.transport.closed
     assert list(bound.open) == [b, c]
     assert (bound.evicted, bound.refused) == (1, 0)
@@ -141,13 +147,14 @@ def test_connections_are_admitted_up_to_the_limit_then_the_oldest_idle_makes_roo
 def test_a_connection_at_work_is_never_evicted_and_a_full_bound_refuses() -> None:
     bound = ClientConnections(2)
     a, b, c, d = (Connection(name) for name in "abcd")
-    bound.admit(a)  # type: ignore[arg-type]
-    bound.admit(b)  # type: ignore[arg-type]
+    bound.admit(a, 0.0)  # type: ignore[arg-type]
+    bound.admit(b, 0.0)  # type: ignore[arg-type]
+    _settle(bound, a, b)
     bound.busy(a)  # type: ignore[arg-type]
-    assert bound.admit(c)  # type: ignore[arg-type]  # b was the only idle one
+    assert bound.admit(c, 0.0)  # type: ignore[arg-type]  # b was the only idle one
     assert b.transport.closed and not a.transport.closed
     bound.busy(c)  # type: ignore[arg-type]
-    assert not bound.admit(d)  # type: ignore[arg-type]  # everyone is working
+    assert not bound.admit(d, 0.0)  # type: ignore[arg-type]  # everyone is working
     assert (bound.evicted, bound.refused) == (1, 1)
     assert d not in bound.open and list(bound.open) == [a, c]
 
@@ -156,16 +163,37 @@ def test_a_connection_that_rests_becomes_the_newest_idle() -> None:
     bound = ClientConnections(3)
     a, b, c, d = (Connection(name) for name in "abcd")
     for connection in (a, b, c):
-        bound.admit(connection)  # type: ignore[arg-type]
+        bound.admit(connection, 0.0)  # type: ignore[arg-type]
+    _settle(bound, a, b, c)
     bound.busy(a)  # type: ignore[arg-type]
     bound.resting(a)  # type: ignore[arg-type]  # answered: idle again, after b and c
     assert list(bound.idle) == [b, c, a]
-    bound.admit(d)  # type: ignore[arg-type]
+    bound.admit(d, 0.0)  # type: ignore[arg-type]
     assert b.transport.closed and not a.transport.closed
     bound.closed(c)  # type: ignore[arg-type]
     assert list(bound.open) == [a, d] and list(bound.idle) == [a, d]
     bound.resting(c)  # type: ignore[arg-type]  # gone already: not counted again
     assert c not in bound.idle
+
+
+def test_an_unread_connection_is_not_evicted_within_its_grace() -> None:
+    """Under a flood of reconnects the oldest idle connection may be one whose request
+    has not been read yet: it is kept, and the newcomer refused, until it is read or its
+    grace is over."""
+    bound = ClientConnections(2, unread_grace=0.25)
+    a, b, c, d, e = (Connection(name) for name in "abcde")
+    assert bound.admit(a, 0.0) and bound.admit(b, 0.0)  # type: ignore[arg-type]
+    bound.read(a)  # type: ignore[arg-type]  # a sent part of a head, b nothing yet
+    assert bound.admit(c, 0.1)  # type: ignore[arg-type]  # a makes room, not b
+    assert a.transport.closed and list(bound.open) == [b, c]
+    assert not bound.admit(d, 0.2)  # type: ignore[arg-type]  # b and c are unread
+    assert not b.transport.closed and (bound.evicted, bound.refused) == (1, 1)
+    assert bound.admit(d, 0.3)  # type: ignore[arg-type]  # b's grace is over
+    assert b.transport.closed and list(bound.open) == [c, d]
+    bound.read(d)  # type: ignore[arg-type]
+    assert bound.admit(e, 0.31)  # type: ignore[arg-type]  # c is unread: d goes
+    assert d.transport.closed and list(bound.open) == [c, e]
+    assert (bound.evicted, bound.refused) == (3, 1)
 
 
 # -- bounded_protocol -------------------------------------------------------------------------

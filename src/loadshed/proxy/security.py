@@ -103,6 +103,9 @@ _RESERVED_DESCRIPTORS = 64
 # After an error answer, how long the connection may stay half-closed for the client
 # to read it (what it still sends is discarded).
 _LINGER_SECONDS = 1.0
+# How long a connection whose client has sent nothing yet is kept from being closed to
+# make room (ClientConnections): long enough for a busy loop to read it.
+_UNREAD_GRACE = 0.1
 
 
 def default_max_connections() -> int:
@@ -129,30 +132,57 @@ class ClientConnections:
     on a kept-alive connection: closing it loses no work. When a new connection would
     go over the bound, the oldest idle one is closed to make room; with none idle
     (every connection has a request in progress) the new one is refused with 503.
+
+    A connection is *unread* from its accept until its client's first bytes are read,
+    for at most ``unread_grace`` seconds: under a flood of reconnects the oldest idle
+    connection can be only milliseconds old, and a client that sent its request at once
+    would otherwise be closed for room before the loop got to read it. Unread connections
+    are not closed to make room; when every idle connection is unread, the new one is
+    refused.
     """
 
-    __slots__ = ("evicted", "idle", "limit", "open", "refused", "timed_out")
+    __slots__ = (
+        "evicted", "idle", "limit", "open", "refused", "timed_out", "unread", "unread_grace",
+    )  # fmt: skip
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, unread_grace: float = _UNREAD_GRACE) -> None:
         self.limit = limit
+        self.unread_grace = unread_grace
         self.open: dict[_BoundedHttpToolsProtocol, None] = {}
         self.idle: dict[_BoundedHttpToolsProtocol, None] = {}
+        # Unread connections and when they were accepted (loop time).
+        self.unread: dict[_BoundedHttpToolsProtocol, float] = {}
         self.evicted = 0
         self.refused = 0
         self.timed_out = 0
 
-    def admit(self, connection: _BoundedHttpToolsProtocol) -> bool:
-        """Count a new connection in; False when it must be refused."""
-        if len(self.open) >= self.limit:
-            victim = next(iter(self.idle), None)
-            if victim is None:
-                self.refused += 1
-                return False
-            self.evicted += 1
-            self.closed(victim)
-            victim.transport.close()
+    def admit(self, connection: _BoundedHttpToolsProtocol, now: float) -> bool:
+        """Count a new (unread) connection in, accepted at loop time ``now``; False when
+        it must be refused."""
+        if len(self.open) >= self.limit and not self._evict_one(now):
+            self.refused += 1
+            return False
         self.open[connection] = None
         self.idle[connection] = None
+        self.unread[connection] = now
+        return True
+
+    def read(self, connection: _BoundedHttpToolsProtocol) -> None:
+        """The client's first bytes have been read."""
+        self.unread.pop(connection, None)
+
+    def _evict_one(self, now: float) -> bool:
+        """Close the oldest idle connection that is not unread within its grace."""
+        unread, since = self.unread, now - self.unread_grace
+        for victim in self.idle:
+            accepted = unread.get(victim)
+            if accepted is None or accepted <= since:
+                break
+        else:
+            return False
+        self.evicted += 1
+        self.closed(victim)
+        victim.transport.close()
         return True
 
     def busy(self, connection: _BoundedHttpToolsProtocol) -> None:
@@ -169,6 +199,7 @@ class ClientConnections:
         """The connection is gone (or handed to another protocol)."""
         self.open.pop(connection, None)
         self.idle.pop(connection, None)
+        self.unread.pop(connection, None)
 
 
 class _BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -196,7 +227,7 @@ class _BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         bound = self.connections_bound
         if bound is not None:
-            if not bound.admit(self):
+            if not bound.admit(self, self.loop.time()):
                 self._refuse()
                 return
             self._admitted = True
@@ -269,6 +300,8 @@ class _BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._send_head_error(_HeadTooLarge(408, reason))
 
     def data_received(self, data: bytes) -> None:
+        if self._admitted and self.connections_bound is not None:
+            self.connections_bound.read(self)
         if self._lingering:
             return  # answered and closing: what the client still sends is discarded
         in_head = self._in_head
