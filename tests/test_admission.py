@@ -125,6 +125,33 @@ def test_release_twice_counts_once() -> None:
     assert adm.inflight == 0 and len(algorithm.samples) == 1 and token.outcome is Outcome.SUCCESS
 
 
+def test_vacate_hands_the_slot_on_and_release_still_records_the_outcome() -> None:
+    adm, algorithm, clock = make(limit=1)
+    rec = Recorder()
+    first = rec.submit(adm, "a")
+    second = rec.submit(adm, "b")
+    assert isinstance(first, Token) and isinstance(second, Ticket)
+    clock.advance(0.2)
+    first.vacate()  # its model call returned; its response is still being written
+    first.vacate()  # only the first call counts
+    assert first.vacated and not first.released
+    assert [label for label, _ in rec.granted] == ["b"] and adm.inflight == 1
+    assert rec.submit(adm, "c").queued  # type: ignore[union-attr]  # b holds the slot
+    clock.advance(0.05)
+    first.success()  # the sample covers admission to release, as without vacate
+    assert [s.rtt for s in algorithm.samples] == [pytest.approx(0.25)]
+    assert adm.inflight == 1 and adm.counts["success"] == 1
+    rec.granted[0][1].success()
+    assert [label for label, _ in rec.granted] == ["b", "c"] and adm.inflight == 1
+    rec.granted[1][1].vacate()
+    rec.granted[1][1].dropped()
+    assert adm.inflight == 0 and adm.counts["dropped"] == 1
+    released = adm.try_acquire()
+    released.success()
+    released.vacate()  # after release: nothing more to free
+    assert adm.inflight == 0 and released.vacated
+
+
 def test_queue_full_rejects_with_reason_limit() -> None:
     adm, _, _ = make(limit=1, max_queue=1)
     rec = Recorder()

@@ -496,6 +496,67 @@ async def test_runner_worker_count_is_the_limit_behind_a_real_server(tmp_path: P
         assert snapshot.counts["success"] == 10
 
 
+@pytest.mark.parametrize("free_slot", [True, False])
+async def test_a_finished_model_call_hands_its_slot_on_before_the_response(
+    free_slot: bool,
+) -> None:
+    """One slot (limit 1), one worker. A request whose model call has returned but whose
+    response is held back frees its slot to the next queued request (free_slot, the
+    default), whose call then runs at once; with free_slot=False the next one waits for
+    the whole response. Outcomes are still counted at each response's end."""
+    runner: ModelRunner[int] = ModelRunner(_model, workers=1, free_slot=free_slot)
+    held = threading.Event()  # set from this test's loop, read on the server's
+    ran: list[str] = []
+
+    async def predict(request: Request) -> Response:
+        name = request.query_params["name"]
+        await runner.run(0.05)
+        ran.append(name)
+        while name == "first" and not held.is_set():
+            await asyncio.sleep(0.01)  # slow post-processing, the worker already free
+        return JSONResponse({"name": name})
+
+    async def close(request: Request) -> Response:
+        await runner.close()
+        return PlainTextResponse("closed")
+
+    app = LoadShedMiddleware(
+        Starlette(routes=[Route("/predict", predict), Route("/close", close)]),
+        limit=1,
+        limiter_options={"max_queue_wait": 10},
+        exclude=["/close"],
+    )
+    with serve(app) as url:
+        async with aiohttp.ClientSession() as session:
+
+            async def call(name: str) -> int:
+                async with session.get(f"{url}/predict?name={name}") as resp:
+                    await resp.read()
+                    return resp.status
+
+            first = asyncio.create_task(call("first"))
+            for _ in range(500):
+                if ran:
+                    break
+                await asyncio.sleep(0.01)
+            assert ran == ["first"]
+            second = asyncio.create_task(call("second"))
+            if free_slot:
+                assert await asyncio.wait_for(second, 5) == 200
+                assert ran == ["first", "second"] and not first.done()
+                assert app.limiter.inflight == 0  # the first holds no slot now
+            else:
+                await asyncio.sleep(0.5)
+                assert ran == ["first"] and app.limiter.queue_length == 1
+            held.set()
+            assert await asyncio.wait_for(first, 5) == 200
+            assert await asyncio.wait_for(second, 5) == 200
+            async with session.get(f"{url}/close") as resp:
+                assert resp.status == 200
+        counts = app.limiter.snapshot().counts
+        assert counts["success"] == 2 and app.limiter.inflight == 0
+
+
 def test_runner_with_a_limit_or_a_limiter_is_a_config_error() -> None:
     runner: ModelRunner[int] = ModelRunner(_model, workers=2)
     with pytest.raises(ConfigError, match=r"^runner: .*not both"):

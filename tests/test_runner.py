@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from loadshed.errors import ConfigError
+from loadshed.limiter import Limiter
 from loadshed.runner import (
     MAX_WORKERS_ENV,
     JobTimeout,
@@ -163,6 +164,29 @@ async def test_n_workers_run_n_jobs_at_once() -> None:
     assert max(r["start"] for r in results) < min(r["end"] for r in results)
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     assert wall < 1.5  # serial would be >= 1.8 s
+
+
+@pytest.mark.parametrize("free_slot", [True, False])
+async def test_a_reply_vacates_the_limiter_slot_that_submitted_the_job(free_slot: bool) -> None:
+    """Inside ``async with limiter.acquire()``, the job's reply hands the slot on (the
+    next caller is admitted before this one leaves its block); errors from the job too;
+    jobs outside any limiter, or with free_slot=False, leave slots alone."""
+    limiter = Limiter(1, max_queue_wait=10)
+    async with ModelRunner(job, workers=1, mp_context="fork", free_slot=free_slot) as runner:
+        await runner.run("whoami")  # outside any limiter: nothing to vacate
+        async with limiter.acquire() as token:
+            await runner.run("whoami")
+            assert token.vacated is free_slot and not token.released
+            assert limiter.inflight == (0 if free_slot else 1)
+            waiting = asyncio.create_task(limiter.acquire().__aenter__())
+            await asyncio.sleep(0.05)
+            assert waiting.done() is free_slot
+        (await waiting).success()
+        async with limiter.acquire() as third:
+            with pytest.raises(ModelInputError):
+                await runner.run("raise", "bad field")
+            assert third.vacated is free_slot  # a job that raised replied too
+    assert limiter.inflight == 0 and limiter.snapshot().counts["success"] == 3
 
 
 async def test_no_job_dispatched_past_worker_count(tmp_path: Path) -> None:

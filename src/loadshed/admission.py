@@ -151,6 +151,7 @@ class Token:
 
     __slots__ = (
         "_admission",
+        "_vacated",
         "admitted_at",
         "cost",
         "deadline",
@@ -179,11 +180,26 @@ class Token:
         self.cost = cost
         """The request's cost (None: none given); a success feeds the cost model."""
         self.outcome: Outcome | None = None
+        self._vacated = False
 
     @property
     def released(self) -> bool:
         """True once an outcome was recorded."""
         return self.outcome is not None
+
+    @property
+    def vacated(self) -> bool:
+        """True once the slot was handed on by :meth:`vacate` (or by release)."""
+        return self._vacated or self.outcome is not None
+
+    def vacate(self) -> None:
+        """The request's work on the limited resource is done (its model call returned):
+        hand its slot to the next request now, before its response is sent. The outcome
+        and the sample still come with :meth:`release`, measured from admission to then.
+        Only the first call counts; a no-op once released."""
+        if not self._vacated and self.outcome is None:
+            self._vacated = True
+            self._admission._vacate(self)
 
     def release(self, outcome: Outcome = Outcome.SUCCESS) -> None:
         """Record the outcome and free the slot. Only the first call counts."""
@@ -841,10 +857,17 @@ class Admission:
         self._count_reject(reason, now - ticket.enqueued_at, ticket.cost)
         ticket.on_reject(Rejected(reason, self.retry_after()))
 
-    def _release(self, token: Token, outcome: Outcome) -> None:
-        now = self.now()
+    def _vacate(self, token: Token) -> None:
         self._inflight -= 1
         self._inflight_by_priority[token.priority] -= 1
+        if self._queued:
+            self._dispatch(self.now())
+
+    def _release(self, token: Token, outcome: Outcome) -> None:
+        now = self.now()
+        if not token._vacated:
+            self._inflight -= 1
+            self._inflight_by_priority[token.priority] -= 1
         service_s = now - token.admitted_at
         self._counts[outcome] += 1  # a str enum: finds the key of its value
         if outcome is _SUCCESS:

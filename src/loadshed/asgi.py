@@ -65,6 +65,7 @@ from loadshed.errors import (
 from loadshed.limiter import Limiter, Waiting, WorkerPool
 from loadshed.limits.base import LimitAlgorithm
 from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacer, RefusalPacing
+from loadshed.slot import current_token
 from loadshed.watch import RequestWatch, RequestWatches, send_too_large
 
 if TYPE_CHECKING:
@@ -438,6 +439,7 @@ class LoadShedMiddleware:
         # A chunked body (no Content-Length) is counted as the app reads it: past the
         # bound the client gets 413 (a declared length was checked on arrival).
         receive = watch.receive if content_length is not None or not has_body else watch.bounded
+        held = current_token.set(token)  # ModelRunner vacates it when its job is done
         try:
             await self.app(scope, receive, watch.send)
         except asyncio.CancelledError:
@@ -457,6 +459,7 @@ class LoadShedMiddleware:
             token.release(_DROPPED)
             raise
         finally:
+            current_token.reset(held)
             self._watches.finish(watch)
         if watch.gone:
             # The client left while the app worked: the answer reached nobody. An

@@ -14,6 +14,7 @@ already held run to their end.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable, Generator, Mapping
 from types import TracebackType
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from loadshed.costmodel import check_cost
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limits.base import LimitAlgorithm
 from loadshed.limits.workers import WorkerCount
+from loadshed.slot import current_token
 from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
 __all__ = ["Limiter", "Token", "Waiting", "WorkerPool"]
@@ -354,7 +356,7 @@ class Waiting:
 class _Acquire:
     """Awaitable and async context manager returned by :meth:`Limiter.acquire`."""
 
-    __slots__ = ("_cost", "_deadline", "_limiter", "_priority", "_token")
+    __slots__ = ("_cost", "_deadline", "_held", "_limiter", "_priority", "_token")
 
     def __init__(
         self, limiter: Limiter, priority: Priority, deadline: float | None, cost: float | None
@@ -364,12 +366,14 @@ class _Acquire:
         self._deadline = deadline
         self._cost = cost
         self._token: Token | None = None
+        self._held: contextvars.Token[Token | None] | None = None
 
     def __await__(self) -> Generator[Any, None, Token]:
         return self._limiter._acquire(self._priority, self._deadline, self._cost).__await__()
 
     async def __aenter__(self) -> Token:
         self._token = await self._limiter._acquire(self._priority, self._deadline, self._cost)
+        self._held = current_token.set(self._token)  # ModelRunner vacates it (free_slot)
         return self._token
 
     async def __aexit__(
@@ -381,6 +385,9 @@ class _Acquire:
         token = self._token
         if token is None:
             return
+        if self._held is not None:
+            current_token.reset(self._held)
+            self._held = None
         if exc_type is None:
             token.release(Outcome.SUCCESS)
         elif issubclass(exc_type, (TimeoutError, asyncio.TimeoutError)):

@@ -42,11 +42,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from loadshed.checks import check_int, check_optional_number
 from loadshed.errors import ConfigError, LoadshedError
 from loadshed.histogram import LatencyHistogram
+from loadshed.slot import current_token
+
+if TYPE_CHECKING:
+    from loadshed.admission import Token
 
 __all__ = [
     "MAX_WORKERS_ENV",
@@ -433,10 +437,15 @@ class _Job:
     """One call of :meth:`ModelRunner.run`: in the FIFO, handed ahead to a worker, or
     running (the first of its worker's jobs)."""
 
-    __slots__ = ("cancel_sent", "data", "future", "job_id", "started", "timer", "worker")
+    __slots__ = ("cancel_sent", "data", "future", "job_id", "started", "timer", "token", "worker")
 
-    def __init__(self, job_id: int, data: memoryview, future: asyncio.Future[Any]) -> None:
+    def __init__(
+        self, job_id: int, data: memoryview, future: asyncio.Future[Any], token: Token | None
+    ) -> None:
         self.job_id = job_id
+        # The admission token of the request that submitted it (free_slot): vacated when
+        # the worker replies.
+        self.token = token
         # The message for the worker; kept until the job runs, so that a job handed ahead to
         # a worker that dies can go to another one.
         self.data: memoryview | None = data
@@ -510,6 +519,14 @@ class ModelRunner(Generic[R]):
     first: for jobs whose durations vary by seconds, where a job handed ahead could wait behind
     a long one while another worker is free).
 
+    ``free_slot`` (default True): a job submitted while serving a request admitted by
+    :class:`~loadshed.asgi.LoadShedMiddleware` frees that request's admission slot the
+    moment its worker replies (:meth:`~loadshed.admission.Token.vacate`), so the next
+    queued request is admitted while this response is still being written; the request's
+    outcome and latency are still recorded when it ends. A request that calls the runner
+    more than once frees its slot at its first reply. False keeps the slot until the
+    response ends.
+
     ``workers`` may not exceed ``max_workers``; by default (None) that bound comes from the
     machine (:func:`machine_worker_bound`: 8 per CPU, one per 32 MiB of available memory,
     or the ``LOADSHED_MAX_WORKERS`` environment variable), so that a typo cannot fork
@@ -532,6 +549,7 @@ class ModelRunner(Generic[R]):
         kill_on_cancel: bool = False,
         max_workers: int | None = None,
         hand_ahead: bool = True,
+        free_slot: bool = True,
     ) -> None:
         if not callable(fn):
             raise ConfigError("fn", f"must be callable, got {type(fn).__name__}")
@@ -566,6 +584,7 @@ class ModelRunner(Generic[R]):
         self._kill_on_cancel = bool(kill_on_cancel)
         # Jobs a worker holds at once: the running one, plus one handed ahead.
         self._per_worker = 2 if hand_ahead else 1
+        self._free_slot = bool(free_slot)
         # Workers ready for a job; before start() the configured count (see live_workers).
         self._live = workers
         self._workers_listeners: list[Callable[[int], None]] = []
@@ -749,7 +768,8 @@ class ModelRunner(Generic[R]):
         buffer = io.BytesIO()
         buffer.write(_header(job_id))
         ForkingPickler(buffer).dump((args, kwargs))
-        job = _Job(job_id, buffer.getbuffer(), loop.create_future())
+        token = current_token.get() if self._free_slot else None
+        job = _Job(job_id, buffer.getbuffer(), loop.create_future(), token)
         self._queue.append(job)
         self._fill()
         try:
@@ -993,6 +1013,10 @@ class ModelRunner(Generic[R]):
         if jobs:
             # The job handed ahead: the worker went on to it as soon as it sent this reply.
             self._begin(worker, jobs[0], now)
+        if job.token is not None:
+            # The worker is free: the next queued request is admitted before this one's
+            # caller resumes, and reaches a worker the sooner.
+            job.token.vacate()
         if ok is None:
             self._skipped += 1  # handed ahead, cancelled before it started: never ran
         else:
