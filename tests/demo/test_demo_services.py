@@ -175,7 +175,10 @@ async def test_digits_predicts_training_rows_and_rejects_bad_input() -> None:
 async def test_digits_worker_killed_fails_only_its_request() -> None:
     features, labels = load_digits(return_X_y=True)
     payload = {"features": [int(v) for v in features[7]]}
-    app = create_demo_app("digits", workers=2, n_estimators=100)
+    # forkserver: this server runs in a thread of the test process, whose other threads
+    # make fork unsafe (a replacement forked while they hold a lock can hang in its job;
+    # seen about 1 run in 10). `serve-demo` forks from a server that runs no other thread.
+    app = create_demo_app("digits", workers=2, n_estimators=100, mp_context="forkserver")
     with serve(app) as served:
         url = served.url
         runner = app.state.runner
