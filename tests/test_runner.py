@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import ctypes
 import faulthandler
+import itertools
 import os
 import signal
 import time
@@ -187,6 +188,30 @@ async def test_a_reply_vacates_the_limiter_slot_that_submitted_the_job(free_slot
                 await runner.run("raise", "bad field")
             assert third.vacated is free_slot  # a job that raised replied too
     assert limiter.inflight == 0 and limiter.snapshot().counts["success"] == 3
+
+
+async def test_steady_jobs_hand_the_slot_on_before_their_end() -> None:
+    """One slot, one worker, requests queued for it, each taking 15 ms from admission to
+    run() and 100 ms in the worker. Handing the slot on at each reply leaves the worker
+    idle for that 15 ms between jobs; once the job times and that gap have been measured,
+    the slot goes on about 15 ms before a job's predicted end, and the next job is handed
+    ahead, so the worker goes straight on to it."""
+    limiter = Limiter(1, max_queue_wait=30)
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+
+        async def request(index: int) -> dict[str, Any]:
+            async with limiter.acquire():
+                await asyncio.sleep(0.015)  # the app's own way to run()
+                result: dict[str, Any] = await runner.run("sleep", str(index), 0.1)
+                return result
+
+        results = await asyncio.gather(*(request(i) for i in range(28)))
+    results.sort(key=lambda r: r["start"])
+    gaps = [b["start"] - a["end"] for a, b in itertools.pairwise(results)]
+    early, late = sorted(gaps[1:9]), sorted(gaps[-8:])
+    assert early[4] > 0.010, gaps  # at the reply: the caller's 15 ms way in every gap
+    assert late[4] < 0.5 * early[4], gaps
+    assert limiter.inflight == 0 and limiter.snapshot().counts["success"] == 28
 
 
 async def test_no_job_dispatched_past_worker_count(tmp_path: Path) -> None:

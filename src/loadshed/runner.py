@@ -29,6 +29,7 @@ import collections
 import contextlib
 import io
 import itertools
+import math
 import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
@@ -72,6 +73,15 @@ START_METHODS = ("fork", "forkserver", "spawn")
 # Service-time histogram: 2 significant digits (1 % resolution keeps the histogram at
 # ~3,300 counters, so percentiles cost well under a millisecond to read).
 _HIST_DIGITS = 2
+# Handing a slot on ahead of a reply (free_slot with hand_ahead): the recent job times and
+# dispatch gaps it is predicted from, how steady the job times must be (10th percentile
+# over median), and the share of a job the lead may take at most.
+_RECENT_JOBS = 32
+_MIN_JOBS = 16
+_RECENT_GAPS = 16
+_MIN_GAPS = 8
+_STEADY = 0.8
+_MAX_LEAD_SHARE = 0.2
 
 MAX_WORKERS_ENV = "LOADSHED_MAX_WORKERS"
 """Environment variable that replaces the machine-derived bound on ``workers``."""
@@ -437,7 +447,10 @@ class _Job:
     """One call of :meth:`ModelRunner.run`: in the FIFO, handed ahead to a worker, or
     running (the first of its worker's jobs)."""
 
-    __slots__ = ("cancel_sent", "data", "future", "job_id", "started", "timer", "token", "worker")
+    __slots__ = (
+        "cancel_sent", "data", "future", "hand_on", "job_id", "started", "timer", "token",
+        "worker",
+    )  # fmt: skip
 
     def __init__(
         self, job_id: int, data: memoryview, future: asyncio.Future[Any], token: Token | None
@@ -452,6 +465,8 @@ class _Job:
         self.future = future
         self.started = 0.0  # when it became its worker's current job (perf_counter)
         self.timer: asyncio.TimerHandle | None = None
+        # Vacates token shortly before the job is predicted to end (see _begin).
+        self.hand_on: asyncio.TimerHandle | None = None
         self.worker: _Worker | None = None  # None while in the FIFO
         self.cancel_sent = False  # its caller was cancelled while it was handed ahead
 
@@ -459,7 +474,10 @@ class _Job:
 class _Worker:
     """Parent-side record of one worker process."""
 
-    __slots__ = ("conn", "exited", "jobs", "killed", "pid", "process", "ready", "sentinel", "slot")
+    __slots__ = (
+        "conn", "exited", "jobs", "killed", "pid", "process", "ready", "replied_at", "sentinel",
+        "slot",
+    )  # fmt: skip
 
     def __init__(self, slot: int, process: multiprocessing.process.BaseProcess, conn: Any) -> None:
         self.slot = slot
@@ -474,6 +492,7 @@ class _Worker:
         # Set when the parent killed it (timeout, cancel, close): its death is not a crash.
         self.killed = False
         self.exited = False
+        self.replied_at = -math.inf  # when its last reply was read (perf_counter)
 
 
 def _resolve_context(
@@ -585,6 +604,12 @@ class ModelRunner(Generic[R]):
         # Jobs a worker holds at once: the running one, plus one handed ahead.
         self._per_worker = 2 if hand_ahead else 1
         self._free_slot = bool(free_slot)
+        # Recent job times, and gaps from a worker's reply to its next job when that job's
+        # request had waited for admission (its way from the queue through the app to
+        # run()); with both steady, a slot is handed on that long before a job's end.
+        self._recent_jobs: collections.deque[float] = collections.deque(maxlen=_RECENT_JOBS)
+        self._recent_gaps: collections.deque[float] = collections.deque(maxlen=_RECENT_GAPS)
+        self._hand_on_after: float | None = None  # seconds into a job; None: at its reply
         # Workers ready for a job; before start() the configured count (see live_workers).
         self._live = workers
         self._workers_listeners: list[Callable[[int], None]] = []
@@ -924,7 +949,11 @@ class ModelRunner(Generic[R]):
         job.worker = worker
         worker.jobs.append(job)
         if len(worker.jobs) == 1:
-            self._begin(worker, job, time.perf_counter())
+            now = time.perf_counter()
+            token = job.token
+            if token is not None and token.queue_wait > 0 and worker.replied_at > -math.inf:
+                self._recent_gaps.append(now - worker.replied_at)
+            self._begin(worker, job, now)
         return True
 
     def _begin(self, worker: _Worker, job: _Job, now: float) -> None:
@@ -932,10 +961,15 @@ class ModelRunner(Generic[R]):
         before it arrived (the worker started it then, without waiting for us)."""
         job.started = now
         job.data = None  # it may have started: never sent elsewhere
+        loop = self._loop
+        assert loop is not None
         if self._job_timeout is not None and not worker.killed:
-            loop = self._loop
-            assert loop is not None
             job.timer = loop.call_later(self._job_timeout, self._on_job_timeout, worker, job)
+        after = self._hand_on_after
+        if after is not None and job.token is not None and self._per_worker > 1:
+            # The next request heads for run() now, and its job is handed ahead to this
+            # worker about when this one ends, instead of a dispatch gap after it.
+            job.hand_on = loop.call_later(after, job.token.vacate)
 
     def _unpark(self, worker: _Worker) -> None:
         for parked in (self._idle, self._open):
@@ -1009,7 +1043,10 @@ class ModelRunner(Generic[R]):
         job = jobs.pop(0)
         if job.timer is not None:
             job.timer.cancel()
+        if job.hand_on is not None:
+            job.hand_on.cancel()
         now = time.perf_counter()
+        worker.replied_at = now
         if jobs:
             # The job handed ahead: the worker went on to it as soon as it sent this reply.
             self._begin(worker, jobs[0], now)
@@ -1024,6 +1061,9 @@ class ModelRunner(Generic[R]):
             self._service_hist.record(service_seconds)
             self._service_total += service_seconds
             self._service_max = max(self._service_max, service_seconds)
+            if self._free_slot:
+                self._recent_jobs.append(service_seconds)
+                self._hand_on_after = self._predict_hand_on()
             if job.cancel_sent:
                 self._cancelled += 1  # the cancel came after it started: it ran for nothing
             if not job.future.done():  # else its caller was cancelled: discard the result
@@ -1040,6 +1080,19 @@ class ModelRunner(Generic[R]):
                 self._open.remove(worker)  # parked there while it held one job
         self._park(worker)
         self._fill()
+
+    def _predict_hand_on(self) -> float | None:
+        """Seconds into a job to hand its slot on: the recent 10th percentile of job times
+        less the recent median dispatch gap, when job times are steady; else None."""
+        jobs, gaps = self._recent_jobs, self._recent_gaps
+        if len(jobs) < _MIN_JOBS or len(gaps) < _MIN_GAPS:
+            return None
+        ordered = sorted(jobs)
+        low, median = ordered[len(ordered) // 10], ordered[len(ordered) // 2]
+        if low < _STEADY * median:
+            return None
+        lead = min(sorted(gaps)[len(gaps) // 2], _MAX_LEAD_SHARE * low)
+        return low - lead
 
     def _on_init_failure(self, worker: _Worker, exc: BaseException, tb_text: str) -> None:
         worker.killed = True  # its exit is expected, not a crash
