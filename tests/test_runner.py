@@ -214,6 +214,25 @@ async def test_steady_jobs_hand_the_slot_on_before_their_end() -> None:
     assert limiter.inflight == 0 and limiter.snapshot().counts["success"] == 28
 
 
+async def test_varied_jobs_hand_the_slot_on_at_their_reply_only() -> None:
+    """Job times of 50 and 150 ms in turn: no end can be predicted, so no slot goes on
+    before a reply and no request waits in a worker's pipe behind a job that overran."""
+    limiter = Limiter(1, max_queue_wait=30)
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+
+        async def request(index: int) -> dict[str, Any]:
+            async with limiter.acquire():
+                await asyncio.sleep(0.015)
+                seconds = 0.05 if index % 2 else 0.15
+                result: dict[str, Any] = await runner.run("sleep", str(index), seconds)
+                return result
+
+        results = await asyncio.gather(*(request(i) for i in range(24)))
+    results.sort(key=lambda r: r["start"])
+    gaps = [b["start"] - a["end"] for a, b in itertools.pairwise(results)]
+    assert min(gaps[1:]) > 0.010, gaps  # every job came the caller's 15 ms after a reply
+
+
 async def test_no_job_dispatched_past_worker_count(tmp_path: Path) -> None:
     log = tmp_path / "started.log"
     async with ModelRunner(job, workers=2, mp_context="fork") as runner:

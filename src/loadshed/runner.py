@@ -542,9 +542,12 @@ class ModelRunner(Generic[R]):
     :class:`~loadshed.asgi.LoadShedMiddleware` frees that request's admission slot the
     moment its worker replies (:meth:`~loadshed.admission.Token.vacate`), so the next
     queued request is admitted while this response is still being written; the request's
-    outcome and latency are still recorded when it ends. A request that calls the runner
-    more than once frees its slot at its first reply. False keeps the slot until the
-    response ends.
+    outcome and latency are still recorded when it ends. With ``hand_ahead`` and steady job
+    times (the 10th percentile of the last 32 within 80 % of their median), the slot goes
+    on shortly before the job's predicted end instead, by the measured time a request takes
+    from admission to ``run()`` (at most a fifth of a job), so that the next job is handed
+    ahead and the worker goes straight on to it. A request that calls the runner more than
+    once frees its slot at its first reply. False keeps the slot until the response ends.
 
     ``workers`` may not exceed ``max_workers``; by default (None) that bound comes from the
     machine (:func:`machine_worker_bound`: 8 per CPU, one per 32 MiB of available memory,
