@@ -1064,7 +1064,7 @@ class ModelRunner(Generic[R]):
             self._service_hist.record(service_seconds)
             self._service_total += service_seconds
             self._service_max = max(self._service_max, service_seconds)
-            if self._free_slot:
+            if job.token is not None:  # only jobs of admitted requests hand slots on
                 self._recent_jobs.append(service_seconds)
                 self._hand_on_after = self._predict_hand_on()
             if job.cancel_sent:
