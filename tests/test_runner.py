@@ -190,6 +190,24 @@ async def test_a_reply_vacates_the_limiter_slot_that_submitted_the_job(free_slot
     assert limiter.inflight == 0 and limiter.snapshot().counts["success"] == 3
 
 
+async def test_an_abandoned_or_failed_job_frees_no_slot_its_request_still_uses() -> None:
+    """A request that gave up on one job (or whose worker died) and goes on keeps its slot:
+    neither the abandoned job's reply nor the crash vacates it."""
+    limiter = Limiter(1, max_queue_wait=10)
+    async with ModelRunner(job, workers=1, mp_context="fork") as runner:
+        async with limiter.acquire() as token:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(runner.run("sleep", "slow", 0.3), 0.05)
+            await asyncio.sleep(0.5)  # the abandoned job has replied by now
+            assert not token.vacated and limiter.inflight == 1
+            with pytest.raises(WorkerCrashed):
+                await runner.run("die", "exit")
+            assert not token.vacated and limiter.inflight == 1
+            await runner.run("whoami")  # the fallback's job hands the slot on
+            assert token.vacated and limiter.inflight == 0
+    assert limiter.snapshot().counts["success"] == 1
+
+
 async def test_steady_jobs_hand_the_slot_on_before_their_end() -> None:
     """One slot, one worker, requests queued for it, each taking 15 ms from admission to
     run() and 100 ms in the worker. Handing the slot on at each reply leaves the worker

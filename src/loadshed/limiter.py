@@ -14,6 +14,7 @@ already held run to their end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections.abc import Callable, Generator, Mapping
 from types import TracebackType
@@ -385,12 +386,15 @@ class _Acquire:
         token = self._token
         if token is None:
             return
-        if self._held is not None:
-            current_token.reset(self._held)
-            self._held = None
         if exc_type is None:
             token.release(Outcome.SUCCESS)
         elif issubclass(exc_type, (TimeoutError, asyncio.TimeoutError)):
             token.release(Outcome.DROPPED)
         else:
             token.release(Outcome.IGNORED)
+        held, self._held = self._held, None
+        if held is not None:
+            # Left in another context than entered (an async generator finalised by a new
+            # task): that context's value is not ours to reset.
+            with contextlib.suppress(ValueError):
+                current_token.reset(held)

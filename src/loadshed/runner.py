@@ -29,6 +29,7 @@ import collections
 import contextlib
 import io
 import itertools
+import logging
 import math
 import multiprocessing
 import multiprocessing.connection
@@ -73,6 +74,7 @@ START_METHODS = ("fork", "forkserver", "spawn")
 # Service-time histogram: 2 significant digits (1 % resolution keeps the histogram at
 # ~3,300 counters, so percentiles cost well under a millisecond to read).
 _HIST_DIGITS = 2
+_logger = logging.getLogger(__name__)
 # Handing a slot on ahead of a reply (free_slot with hand_ahead): the recent job times and
 # dispatch gaps it is predicted from, how steady the job times must be (10th percentile
 # over median), and the share of a job the lead may take at most.
@@ -476,7 +478,7 @@ class _Worker:
 
     __slots__ = (
         "conn", "exited", "jobs", "killed", "pid", "process", "ready", "replied_at", "sentinel",
-        "slot",
+        "slot", "vacated_at",
     )  # fmt: skip
 
     def __init__(self, slot: int, process: multiprocessing.process.BaseProcess, conn: Any) -> None:
@@ -493,6 +495,8 @@ class _Worker:
         self.killed = False
         self.exited = False
         self.replied_at = -math.inf  # when its last reply was read (perf_counter)
+        # When its running job last handed its request's slot on, until the next job came.
+        self.vacated_at = -math.inf
 
 
 def _resolve_context(
@@ -547,7 +551,9 @@ class ModelRunner(Generic[R]):
     on shortly before the job's predicted end instead, by the measured time a request takes
     from admission to ``run()`` (at most a fifth of a job), so that the next job is handed
     ahead and the worker goes straight on to it. A request that calls the runner more than
-    once frees its slot at its first reply. False keeps the slot until the response ends.
+    once frees its slot with its first job; later calls hold none. A job whose caller was
+    cancelled, or that failed with the runner's own error, frees nothing (the request may
+    go on). False keeps the slot until the response ends.
 
     ``workers`` may not exceed ``max_workers``; by default (None) that bound comes from the
     machine (:func:`machine_worker_bound`: 8 per CPU, one per 32 MiB of available memory,
@@ -797,6 +803,8 @@ class ModelRunner(Generic[R]):
         buffer.write(_header(job_id))
         ForkingPickler(buffer).dump((args, kwargs))
         token = current_token.get() if self._free_slot else None
+        if token is not None and token.vacated:
+            token = None  # a task that outlived its request, or a second call: no slot held
         job = _Job(job_id, buffer.getbuffer(), loop.create_future(), token)
         self._queue.append(job)
         self._fill()
@@ -811,6 +819,7 @@ class ModelRunner(Generic[R]):
 
     def _abandon(self, job: _Job) -> None:
         """The caller of ``job`` is gone: forget it, skip it, or let it run for nothing."""
+        self._drop_slot(job)  # the request may go on without it: its slot stays its own
         worker = job.worker
         if worker is None:
             with contextlib.suppress(ValueError):
@@ -951,11 +960,14 @@ class ModelRunner(Generic[R]):
             return False
         job.worker = worker
         worker.jobs.append(job)
+        now = time.perf_counter()
+        token = job.token
+        if token is not None and token.queue_wait > 0 and worker.vacated_at > -math.inf:
+            # A request admitted from the queue reached run() this long after the slot went
+            # on: the lead a hand-on needs.
+            self._recent_gaps.append(now - worker.vacated_at)
+            worker.vacated_at = -math.inf
         if len(worker.jobs) == 1:
-            now = time.perf_counter()
-            token = job.token
-            if token is not None and token.queue_wait > 0 and worker.replied_at > -math.inf:
-                self._recent_gaps.append(now - worker.replied_at)
             self._begin(worker, job, now)
         return True
 
@@ -969,10 +981,35 @@ class ModelRunner(Generic[R]):
         if self._job_timeout is not None and not worker.killed:
             job.timer = loop.call_later(self._job_timeout, self._on_job_timeout, worker, job)
         after = self._hand_on_after
-        if after is not None and job.token is not None and self._per_worker > 1:
+        if (
+            after is not None
+            and job.token is not None
+            and self._per_worker > 1
+            and not (worker.killed or worker.exited)
+        ):
             # The next request heads for run() now, and its job is handed ahead to this
             # worker about when this one ends, instead of a dispatch gap after it.
-            job.hand_on = loop.call_later(after, job.token.vacate)
+            job.hand_on = loop.call_later(after, self._hand_on, worker, job)
+
+    def _hand_on(self, worker: _Worker, job: _Job) -> None:
+        """Vacate the slot of ``job``'s request (its reply came, or is predicted soon)."""
+        job.hand_on = None
+        token = job.token
+        if token is None or token.vacated:
+            return
+        worker.vacated_at = time.perf_counter()
+        try:
+            token.vacate()
+        except Exception:  # a listener's failure must not cost this reply its caller
+            _logger.exception("vacating a request's admission slot failed")
+
+    def _drop_slot(self, job: _Job) -> None:
+        """``job`` no longer speaks for its request's slot (failed, abandoned, closed): the
+        request may go on, and its slot is released with it, never vacated from here."""
+        if job.hand_on is not None:
+            job.hand_on.cancel()
+            job.hand_on = None
+        job.token = None
 
     def _unpark(self, worker: _Worker) -> None:
         for parked in (self._idle, self._open):
@@ -1048,6 +1085,7 @@ class ModelRunner(Generic[R]):
             job.timer.cancel()
         if job.hand_on is not None:
             job.hand_on.cancel()
+            job.hand_on = None
         now = time.perf_counter()
         worker.replied_at = now
         if jobs:
@@ -1056,7 +1094,7 @@ class ModelRunner(Generic[R]):
         if job.token is not None:
             # The worker is free: the next queued request is admitted before this one's
             # caller resumes, and reaches a worker the sooner.
-            job.token.vacate()
+            self._hand_on(worker, job)
         if ok is None:
             self._skipped += 1  # handed ahead, cancelled before it started: never ran
         else:
@@ -1066,7 +1104,7 @@ class ModelRunner(Generic[R]):
             self._service_max = max(self._service_max, service_seconds)
             if job.token is not None:  # only jobs of admitted requests hand slots on
                 self._recent_jobs.append(service_seconds)
-                self._hand_on_after = self._predict_hand_on()
+                self._predict_hand_on()
             if job.cancel_sent:
                 self._cancelled += 1  # the cancel came after it started: it ran for nothing
             if not job.future.done():  # else its caller was cancelled: discard the result
@@ -1084,18 +1122,22 @@ class ModelRunner(Generic[R]):
         self._park(worker)
         self._fill()
 
-    def _predict_hand_on(self) -> float | None:
-        """Seconds into a job to hand its slot on: the recent 10th percentile of job times
-        less the recent median dispatch gap, when job times are steady; else None."""
-        jobs, gaps = self._recent_jobs, self._recent_gaps
-        if len(jobs) < _MIN_JOBS or len(gaps) < _MIN_GAPS:
-            return None
+    def _predict_hand_on(self) -> None:
+        """When job times are steady, hand a slot on at their recent 10th percentile less
+        the median measured lead (at most a fifth of it); else at the reply."""
+        self._hand_on_after = None
+        jobs = self._recent_jobs
+        if len(jobs) < _MIN_JOBS:
+            return
         ordered = sorted(jobs)
         low, median = ordered[len(ordered) // 10], ordered[len(ordered) // 2]
         if low < _STEADY * median:
-            return None
-        lead = min(sorted(gaps)[len(gaps) // 2], _MAX_LEAD_SHARE * low)
-        return low - lead
+            return
+        bound = _MAX_LEAD_SHARE * low
+        # A longer gap cannot be a lead (the request waited for something else).
+        leads = sorted(gap for gap in self._recent_gaps if gap <= bound)
+        if len(leads) >= _MIN_GAPS:
+            self._hand_on_after = low - leads[len(leads) // 2]
 
     def _on_init_failure(self, worker: _Worker, exc: BaseException, tb_text: str) -> None:
         worker.killed = True  # its exit is expected, not a crash
@@ -1131,6 +1173,7 @@ class ModelRunner(Generic[R]):
             running = jobs[0]
             if running.timer is not None:
                 running.timer.cancel()
+            self._drop_slot(running)
             if not running.future.done():
                 self._crashed += 1
                 running.future.set_exception(WorkerCrashed(worker.pid, exitcode))
@@ -1203,6 +1246,7 @@ class ModelRunner(Generic[R]):
             return
         self._timed_out += 1
         job.timer = None
+        self._drop_slot(job)
         if not job.future.done():
             job.future.set_exception(JobTimeout(self._job_timeout or 0.0, worker.pid))
         self._kill(worker)
@@ -1234,6 +1278,7 @@ class ModelRunner(Generic[R]):
                 for index, job in enumerate(worker.jobs):
                     if job.timer is not None:
                         job.timer.cancel()
+                    self._drop_slot(job)
                     if not job.future.done():
                         job.future.set_exception(
                             RunnerClosed(

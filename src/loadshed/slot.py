@@ -1,10 +1,11 @@
 """The admission token of the request being served, for code deeper in the call.
 
-:class:`~loadshed.asgi.LoadShedMiddleware` sets :data:`current_token` around the app
-while a request holds its slot; :class:`~loadshed.runner.ModelRunner` reads it when a
-job is submitted and vacates the token (:meth:`~loadshed.admission.Token.vacate`) the
-moment the job's worker replies, so the next queued request is admitted while this one's
-response is still being written, and reaches the worker without an idle gap.
+:class:`~loadshed.asgi.LoadShedMiddleware` sets :data:`current_token` around the app,
+and ``async with limiter.acquire()`` around its block, while a request holds its slot;
+:class:`~loadshed.runner.ModelRunner` reads it when a job is submitted and vacates the
+token (:meth:`~loadshed.admission.Token.vacate`) the moment the job's worker replies, or
+with steady job times shortly before the job's predicted end, so the next queued request
+is admitted while this one finishes and reaches the worker without an idle gap.
 """
 
 from __future__ import annotations
