@@ -76,7 +76,7 @@ START_METHODS = ("fork", "forkserver", "spawn")
 _HIST_DIGITS = 2
 _logger = logging.getLogger(__name__)
 # Handing a slot on ahead of a reply (free_slot with hand_ahead): the recent job times and
-# dispatch gaps it is predicted from, how steady the job times must be (10th percentile
+# leads it is predicted from, how steady the job times must be (10th percentile
 # over median), and the share of a job the lead may take at most.
 _RECENT_JOBS = 32
 _MIN_JOBS = 16
@@ -459,7 +459,7 @@ class _Job:
     ) -> None:
         self.job_id = job_id
         # The admission token of the request that submitted it (free_slot): vacated when
-        # the worker replies.
+        # the worker replies, or shortly before (see _begin).
         self.token = token
         # The message for the worker; kept until the job runs, so that a job handed ahead to
         # a worker that dies can go to another one.
@@ -477,8 +477,8 @@ class _Worker:
     """Parent-side record of one worker process."""
 
     __slots__ = (
-        "conn", "exited", "jobs", "killed", "pid", "process", "ready", "replied_at", "sentinel",
-        "slot", "vacated_at",
+        "conn", "exited", "jobs", "killed", "pid", "process", "ready", "sentinel", "slot",
+        "vacated_at",
     )  # fmt: skip
 
     def __init__(self, slot: int, process: multiprocessing.process.BaseProcess, conn: Any) -> None:
@@ -494,7 +494,6 @@ class _Worker:
         # Set when the parent killed it (timeout, cancel, close): its death is not a crash.
         self.killed = False
         self.exited = False
-        self.replied_at = -math.inf  # when its last reply was read (perf_counter)
         # When its running job last handed its request's slot on, until the next job came.
         self.vacated_at = -math.inf
 
@@ -613,9 +612,9 @@ class ModelRunner(Generic[R]):
         # Jobs a worker holds at once: the running one, plus one handed ahead.
         self._per_worker = 2 if hand_ahead else 1
         self._free_slot = bool(free_slot)
-        # Recent job times, and gaps from a worker's reply to its next job when that job's
-        # request had waited for admission (its way from the queue through the app to
-        # run()); with both steady, a slot is handed on that long before a job's end.
+        # Recent job times, and leads: from a worker's job handing its slot on to the next
+        # job sent to that worker, when that job's request had waited for admission (its
+        # way from the queue through the app to run()); see _predict_hand_on.
         self._recent_jobs: collections.deque[float] = collections.deque(maxlen=_RECENT_JOBS)
         self._recent_gaps: collections.deque[float] = collections.deque(maxlen=_RECENT_GAPS)
         self._hand_on_after: float | None = None  # seconds into a job; None: at its reply
@@ -1087,7 +1086,6 @@ class ModelRunner(Generic[R]):
             job.hand_on.cancel()
             job.hand_on = None
         now = time.perf_counter()
-        worker.replied_at = now
         if jobs:
             # The job handed ahead: the worker went on to it as soon as it sent this reply.
             self._begin(worker, jobs[0], now)
