@@ -41,7 +41,7 @@ def one_run(
     protect: str, clients: int, service: float, timeout: float, args: Any
 ) -> dict[str, Any]:
     """A fresh server, one measured step, the server stopped; the step's summary."""
-    server = start_server(protect, service, workers=1)
+    server = start_server(protect, service, workers=args.workers)
     try:
         options = BenchOptions(
             url=f"{server.url}/calculate?input=loadshed",
@@ -51,7 +51,7 @@ def one_run(
             timeout_s=timeout,
         )
         step = LiveStep(protect, clients, run_bench(options))
-        summary = step.summary(1 / service)
+        summary = step.summary(args.workers / service)
         summary["final_limit"] = final_limit(server.url)
         wait_idle(server, budget_s=2.0)
         return summary
@@ -84,6 +84,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--protect", default="little")
     parser.add_argument("--service-time", default="50ms")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="model workers (capacity: workers / service)"
+    )
     parser.add_argument("--timeout", default="200ms", help="client timeout (not sent)")
     parser.add_argument("--duration", default="8s")
     parser.add_argument("--warmup", default="2s")
@@ -115,8 +118,8 @@ def main() -> int:
     lines = [
         f"# Lock-in check, live (`{command.strip()}`)",
         "",
-        f"`serve-demo --model hashburn --service-time {service:g} --workers 1 --protect "
-        f"{args.protect}`; closed-loop clients, {timeout:g} s timeout (not sent), "
+        f"`serve-demo --model hashburn --service-time {service:g} --workers {args.workers} "
+        f"--protect {args.protect}`; closed-loop clients, {timeout:g} s timeout (not sent), "
         f"{args.duration:g} s measured after {args.warmup:g} s. Goodput / capacity per run.",
         "",
         "| clients | runs | min | p10 | median | max | runs < 0.95 | runs < 0.5 |",
