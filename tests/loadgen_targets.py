@@ -24,6 +24,9 @@ class Target:
         self.port = 0
         self._mix = itertools.count()
         self._slots: dict[int, asyncio.Semaphore] = {}
+        # ``/slots`` requests: when each arrived and when each was answered (time.monotonic).
+        self.slot_arrivals: list[float] = []
+        self.slot_answers: list[float] = []
 
     @property
     def url(self) -> str:
@@ -64,10 +67,12 @@ class Target:
     async def slots(self, request: web.Request) -> web.Response:
         """A server with ``n`` workers of ``ms`` each: capacity n * 1000 / ms requests/s."""
         self.hits += 1
+        self.slot_arrivals.append(time.monotonic())
         n = int(request.match_info["n"])
         semaphore = self._slots.setdefault(n, asyncio.Semaphore(n))
         async with semaphore:
             await asyncio.sleep(int(request.match_info["ms"]) / 1e3)
+        self.slot_answers.append(time.monotonic())
         return web.Response(text="ok")
 
     async def held(self, request: web.Request) -> web.Response:

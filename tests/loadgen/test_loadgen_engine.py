@@ -117,13 +117,21 @@ def test_open_loop_latency_counts_from_intended_send_time() -> None:
 
 def test_open_loop_throughput_is_what_an_overloaded_target_served() -> None:
     with serve_target() as target:
-        # One worker of 20 ms serves 50 req/s; offer 100 req/s for 1 s.
+        # One worker of 20 ms serves at most 50 req/s; offer 100 req/s for 1 s.
         options = BenchOptions(
             url=f"{target.url}/slots/1/20", rate=100, duration_s=1.0, timeout_s=5.0, max_lag_s=LAG
         )
         result = run_bench(options)
+        window_start = target.slot_arrivals[0]  # the window opens as the first request goes
+        answered = [t - window_start for t in target.slot_answers]
     assert result.requests == result.scheduled == 100  # every scheduled request got an answer
-    assert result.throughput_rps == pytest.approx(50.0, abs=6.0)  # but only ~50/s in the window
+    # Throughput counts what the target answered within the window (each answer reaches the
+    # client a moment later), not the 100 requests sent: a busy machine slows the target's
+    # 20 ms sleeps, so its own log, not 50/s, is the reference.
+    served_in_window = sum(1 for t in answered if t <= options.duration_s)
+    completed = result.throughput_rps * options.duration_s
+    assert served_in_window - 3 <= completed <= served_in_window
+    assert completed <= 55
     assert result.goodput_rps == result.throughput_rps
     # The queue grew for the whole window: the last requests waited ~1 s.
     assert float(result.latency("all")["max"]) > 0.8
