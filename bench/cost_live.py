@@ -21,7 +21,8 @@ precedes each measured window (the cost model is fitted by then).
 Reported per variant, median over repeats: goodput (successes within the timeout per
 second) as a share of capacity, rows served within the timeout per second, 503s by
 reason with their median latency (a ``deadline`` refusal at arrival answers at once),
-and client timeouts.
+and client timeouts; and, by batch size (1-4, 5-16, 17-64, 65-256 rows), the shares of
+requests served in time, refused and timed out.
 """
 
 from __future__ import annotations
@@ -47,6 +48,17 @@ from loadshed.units import parse_duration
 from servers import free_port, wait_for_port
 
 MAX_ROWS = 256
+# Batch sizes reported apart (upper edges, rows): who is served, refused and timed out.
+BANDS = (4, 16, 64, 256)
+
+
+def band_of(rows: int) -> str:
+    low = 1
+    for top in BANDS:
+        if rows <= top:
+            return f"{low}-{top}"
+        low = top + 1
+    raise ValueError(rows)
 
 
 def _p99(late: list[float], index_count: int) -> float:
@@ -130,6 +142,11 @@ class Tally:
     refused_latency: dict[str, list[float]] = field(default_factory=dict)
     other: int = 0
     late: list[float] = field(default_factory=list)  # driver: seconds behind schedule
+    # per batch-size band: outcome ("ok", "timeout", "refused", "other") -> count
+    by_band: dict[str, Counter[str]] = field(default_factory=dict)
+
+    def count(self, rows: int, outcome: str) -> None:
+        self.by_band.setdefault(band_of(rows), Counter())[outcome] += 1
 
 
 async def one(
@@ -153,10 +170,12 @@ async def one(
     except TimeoutError:
         if tally is not None:
             tally.timeouts += 1
+            tally.count(rows, "timeout")
         return
     except aiohttp.ClientError:
         if tally is not None:
             tally.other += 1
+            tally.count(rows, "other")
         return
     if tally is None:
         return
@@ -164,12 +183,15 @@ async def one(
     if status == 200:
         tally.ok += 1
         tally.ok_rows += rows
+        tally.count(rows, "ok")
     elif status == 503:
         reason = json.loads(payload).get("reason", "?")
         tally.refused[reason] += 1
         tally.refused_latency.setdefault(reason, []).append(elapsed)
+        tally.count(rows, "refused")
     else:
         tally.other += 1
+        tally.count(rows, "other")
 
 
 async def closed_loop(
@@ -286,6 +308,7 @@ def main() -> int:
                     for reason, values in tally.refused_latency.items()
                 },
                 "other": tally.other,
+                "by_band": {band: dict(counts) for band, counts in tally.by_band.items()},
                 "server_at_end": gauges,
                 # how far behind its schedule the driver sent (p99): beyond a fraction
                 # of the timeout, the load generator, not the server, is measured
@@ -327,6 +350,33 @@ def main() -> int:
             f"| {variant} | {median(variant, 'goodput_share'):.2f} | "
             f"{median(variant, 'rows_per_s'):.0f} | {median(variant, 'timeouts'):.0f} | "
             f"{refusals} | {other:.0f} | {median(variant, 'driver_late_p99_ms'):.1f} |"
+        )
+    bands = [band_of(top) for top in BANDS]
+    lines += [
+        "",
+        "By batch size, all runs together: requests sent, and the shares served in time, "
+        "refused (503) and timed out (aware / blind):",
+        "",
+        "| rows | sent | served | refused | timed out |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for band in bands:
+        cells = []
+        for variant in ("aware", "blind"):
+            total: Counter[str] = Counter()
+            for run in results[variant]:
+                total.update(run["by_band"].get(band, {}))
+            cells.append(total)
+        sent = [sum(c.values()) for c in cells]
+        shares = {
+            outcome: " / ".join(
+                f"{c[outcome] / n:.2f}" if n else "-" for c, n in zip(cells, sent, strict=True)
+            )
+            for outcome in ("ok", "refused", "timeout")
+        }
+        lines.append(
+            f"| {band} | {sent[0]:,} / {sent[1]:,} | {shares['ok']} | {shares['refused']} "
+            f"| {shares['timeout']} |"
         )
     lines += ["", "Every run (goodput share; the server's limit at the end; fitted a, b):", ""]
     for variant in ("aware", "blind"):
