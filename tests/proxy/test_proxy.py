@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -475,3 +476,79 @@ def test_paths_never_climb_out_of_the_upstream_prefix() -> None:
             assert recorder.requests[-1]["path"] == forwarded
         # Refused before admission: the limit never saw the climbing requests.
         assert proxy.pool.upstreams[0].limiter.snapshot().counts.get("success") == 3
+
+
+async def test_the_slot_goes_on_when_the_upstream_is_done_not_when_the_client_has_read() -> None:
+    """With one slot, a queued request reaches the upstream as soon as the first one's
+    response is all read from the upstream, while its last chunk still waits to be
+    written to its client; the first one's outcome still comes when it is sent."""
+    from loadshed.proxy import ProxyConfig, create_proxy, parse_upstream
+
+    recorder = Recorder()
+    with serve_asgi(echo_app(recorder)) as upstream_url:
+        config = ProxyConfig(
+            upstreams=(parse_upstream(upstream_url),), limit="fixed:1", max_queue_wait=5.0
+        )
+        app, proxy = create_proxy(config)
+        limiter = proxy.pool.upstreams[0].limiter
+        slow_client = asyncio.Event()  # the first client takes its last chunk only then
+        calls: list[asyncio.Future[None]] = []
+        try:
+            first_sent: list[dict[str, object]] = []
+
+            def no_body() -> Callable[[], Awaitable[dict[str, object]]]:
+                """A client's receive: an empty body, then nothing (it stays)."""
+                sent = False
+
+                async def receive() -> dict[str, object]:
+                    nonlocal sent
+                    if not sent:
+                        sent = True
+                        return {"type": "http.request", "body": b"", "more_body": False}
+                    await asyncio.Event().wait()  # a server sends http.disconnect only if
+                    raise AssertionError  # the client leaves; this one never does
+
+                return receive
+
+            async def first_send(message: dict[str, object]) -> None:
+                if message["type"] == "http.response.body" and not message.get("more_body"):
+                    await slow_client.wait()
+                first_sent.append(message)
+
+            second_sent: list[dict[str, object]] = []
+
+            async def second_send(message: dict[str, object]) -> None:
+                second_sent.append(message)
+
+            def scope(path: str) -> dict[str, object]:
+                return {
+                    "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                    "method": "GET", "scheme": "http", "path": path, "raw_path": path.encode(),
+                    "query_string": b"", "headers": [(b"host", b"proxy")],
+                    "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
+                }  # fmt: skip
+
+            first = asyncio.ensure_future(app(scope("/first"), no_body(), first_send))
+            calls.append(first)
+            while not first_sent:  # the response head went out: the upstream answered
+                await asyncio.sleep(0.01)
+            second = asyncio.ensure_future(app(scope("/second"), no_body(), second_send))
+            calls.append(second)
+            for _ in range(300):
+                if len(recorder.requests) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert [r["path"] for r in recorder.requests] == ["/first", "/second"]
+            assert not first.done()  # its last chunk still waits for its client
+            await asyncio.wait_for(second, 5)
+            slow_client.set()
+            await asyncio.wait_for(first, 5)
+            assert second_sent[0]["status"] == 200 and first_sent[0]["status"] == 200
+            assert limiter.inflight == 0
+            assert limiter.snapshot().counts["success"] == 2  # both outcomes recorded
+        finally:
+            slow_client.set()
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            await proxy.aclose()

@@ -529,6 +529,12 @@ class ProxyApp:
             last = not chunk or content.at_eof()
             if last:
                 watch.stop()
+                # The upstream is done with this request: its connection goes back to
+                # the pool and its slot to the next queued request now, not after the
+                # client has taken the last chunk (the outcome still comes at release).
+                response.release()
+                if token is not None:
+                    token.vacate()
             await send({"type": "http.response.body", "body": chunk, "more_body": not last})
             if last:
                 return
