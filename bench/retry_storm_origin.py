@@ -123,7 +123,7 @@ def main() -> int:
                     port = free_port()
                     server = serve(port, workers, service_s, dist, args.sigma, protect)
                     try:
-                        wait_for_port(port, 30, "serve-demo")
+                        wait_for_port(port, 60, "serve-demo")
                         time.sleep(0.3)
                         result = drive(
                             f"http://127.0.0.1:{port}/work", clients, duration, warmup, args.timeout
@@ -138,6 +138,8 @@ def main() -> int:
                     }  # fmt: skip
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr)
+                    if args.json:  # kept step by step: a run cut short keeps its rows
+                        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
 
     dist_label = {d: (f"lognormal {args.sigma:g}" if d == "lognormal" else d) for d in dists}
     command = "python bench/retry_storm_origin.py " + " ".join(sys.argv[1:])
