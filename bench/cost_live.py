@@ -226,7 +226,10 @@ async def open_loop(
     aware: bool,
     seed: int,
 ) -> Tally:
-    rng = random.Random(seed)
+    # A stream of its own: drawn from Random(seed) like the sizes, the i-th gap and the
+    # i-th size came from the same uniform number, so big batches always followed long
+    # gaps (an idle server) and small ones came in bunches.
+    rng = random.Random(f"{seed}:arrivals")
     tally = Tally()
     tasks: set[asyncio.Task[None]] = set()
     connector = aiohttp.TCPConnector(limit=0)
