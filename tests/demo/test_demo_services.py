@@ -295,7 +295,7 @@ async def work_sequentially(url: str, count: int) -> list[float]:
 
 
 async def test_origin_variable_work_times_are_seeded_draws_with_the_set_mean() -> None:
-    # A log-normal work time of mean 20 ms, sigma 1: each draw is random.Random(seed)'s,
+    # A log-normal work time of mean 20 ms, sigma 1: each draw is the seed's generator's,
     # with mu = ln(mean) - sigma^2 / 2, so the mean stays the service time.
     settings: dict[str, Any] = {
         "workers": 1,
@@ -303,7 +303,7 @@ async def test_origin_variable_work_times_are_seeded_draws_with_the_set_mean() -
         "service_dist": "lognormal",
         "sigma": 1.0,
     }
-    draws = random.Random(5)
+    draws = origin.work_time_generator(5)
     mu = math.log(0.02) - 1.0**2 / 2
     expected = [round(draws.lognormvariate(mu, 1.0), 6) for _ in range(12)]
     with serve(origin.create_app(**settings, seed=5)) as served:
@@ -332,6 +332,24 @@ def test_origin_work_time_distributions_keep_the_mean(dist: str, sigma: float) -
     assert statistics.fmean(later) == pytest.approx(0.4, rel=0.03)
     constant = origin.Origin(workers=1, service_time=0.2)
     assert {constant.draw_work_time() for _ in range(100)} == {0.2}
+
+
+def test_origin_work_times_are_independent_of_a_load_generator_with_the_same_seed() -> None:
+    # ``loadshed bench --arrival poisson --seed 1`` draws its gaps from random.Random(1);
+    # work times from the same numbers would follow the gaps (long jobs after long pauses).
+    from loadshed.loadgen.schedule import inter_arrival_gaps
+
+    rate, mean = 160.0, 0.2
+    gaps = inter_arrival_gaps(rate, "poisson", random.Random(1))
+    service = origin.Origin(workers=32, service_time=mean, service_dist="exponential", seed=1)
+    pairs = [(next(gaps) * rate, service.draw_work_time() / mean) for _ in range(20_000)]
+    gap_mean = statistics.fmean(g for g, _ in pairs)
+    work_mean = statistics.fmean(w for _, w in pairs)
+    covariance = statistics.fmean((g - gap_mean) * (w - work_mean) for g, w in pairs)
+    correlation = covariance / (
+        statistics.pstdev(g for g, _ in pairs) * statistics.pstdev(w for _, w in pairs)
+    )
+    assert abs(correlation) < 0.05  # drawn from one generator it is 1.0
 
 
 async def test_origin_serves_32_workers_at_once_with_exponential_work_times() -> None:
@@ -417,7 +435,7 @@ def serve_demo_running(*args: str) -> Iterator[str]:
 async def test_serve_demo_origin_with_service_dist_and_seed() -> None:
     args = ["--model", "origin", "--protect", "none", "--workers", "4", "--service-time", "0.01"]
     args += ["--service-dist", "LogNormal", "--sigma", "0.8", "--seed", "9"]
-    draws = random.Random(9)
+    draws = origin.work_time_generator(9)
     mu = math.log(0.01) - 0.8**2 / 2
     expected = [round(draws.lognormvariate(mu, 0.8), 6) for _ in range(5)]
     with serve_demo_running(*args) as url:

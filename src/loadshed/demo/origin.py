@@ -9,8 +9,11 @@ notice disconnects: that wasted work is what load shedding in front of it avoids
 
 The work time is constant by default (as in the capacity change). ``service_dist`` makes it
 vary per request around the same mean: ``exponential``, or ``lognormal`` with log-space spread
-``sigma``, drawn from ``random.Random(seed)`` so a run repeats; capacity stays
-``workers / service_time``.
+``sigma``, drawn from a generator seeded by ``seed`` so a run repeats; capacity stays
+``workers / service_time``. The generator is salted: ``loadshed bench --seed N`` draws
+its Poisson gaps from ``random.Random(N)``, and work times drawn from the same numbers
+would make the i-th request's work proportional to the gap before it (long jobs after
+long pauses: a smoother load than any real one).
 
 ``PUT /admin/work-time`` with ``{"seconds": 2.0}`` changes the (mean) work time of requests that
 start work from then on (the capacity-change experiment halves capacity this way).
@@ -44,6 +47,7 @@ __all__ = [
     "SERVICE_DISTRIBUTIONS",
     "Origin",
     "create_app",
+    "work_time_generator",
 ]
 
 DEFAULT_WORKERS = 7
@@ -89,7 +93,7 @@ class Origin:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError("seed", f"must be an integer, got {seed!r}")
         self.seed = seed
-        self._rng = random.Random(seed)
+        self._rng = work_time_generator(seed)
         self.work_time = positive_number(service_time, "service_time", maximum=MAX_WORK_TIME)
         self.queue_limit = positive_int(queue, "queue", minimum=0)
         self._clock = clock
@@ -171,6 +175,12 @@ class Origin:
             "rejected": self.rejected,
             "capacity_rps": self.workers / self.work_time,
         }
+
+
+def work_time_generator(seed: int) -> random.Random:
+    """The generator of an origin's work times for ``seed``: salted, so that it never
+    draws the same numbers as ``random.Random(seed)`` (see the module docstring)."""
+    return random.Random(f"origin-work-times:{seed}")
 
 
 def create_app(
