@@ -1005,10 +1005,14 @@ class ModelRunner(Generic[R]):
     def _drop_slot(self, job: _Job) -> None:
         """``job`` no longer speaks for its request's slot (failed, abandoned, closed): the
         request may go on, and its slot is released with it, never vacated from here."""
+        self._cancel_hand_on(job)
+        job.token = None
+
+    @staticmethod
+    def _cancel_hand_on(job: _Job) -> None:
         if job.hand_on is not None:
             job.hand_on.cancel()
             job.hand_on = None
-        job.token = None
 
     def _unpark(self, worker: _Worker) -> None:
         for parked in (self._idle, self._open):
@@ -1082,9 +1086,7 @@ class ModelRunner(Generic[R]):
         job = jobs.pop(0)
         if job.timer is not None:
             job.timer.cancel()
-        if job.hand_on is not None:
-            job.hand_on.cancel()
-            job.hand_on = None
+        self._cancel_hand_on(job)
         now = time.perf_counter()
         if jobs:
             # The job handed ahead: the worker went on to it as soon as it sent this reply.
