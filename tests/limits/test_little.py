@@ -741,3 +741,23 @@ def test_probes_that_time_clients_out_come_less_often() -> None:
         dispatch_delay=0.001,
     )["steps"][0]["goodput_ratio"]
     assert goodput >= 0.93  # 0.908 when every probe came 8 cycles after the last
+
+
+def test_a_back_off_ceiling_lapses_when_the_workers_double() -> None:
+    # 4 log-normal (sigma 1) workers of 200 ms, bursts at 2x capacity, doubled to 8
+    # workers mid-run: a burst's drops backed the limit off to a ceiling, and only a
+    # probe judged on one round's noisy rate could lift it; the probes failed by
+    # chance and the limit stayed at the old workers (seed 4: 0.49 of capacity). The
+    # ceiling lapses after two cycles of calm cruise.
+    share = open_loop_share(
+        workers=4,
+        service=0.2,
+        load=2.0,
+        seed=4,
+        workers_to=8,
+        arrivals="bursts",
+        dist="lognormal",
+        sigma=1.0,
+        timeout=4.0,
+    )
+    assert share >= 0.8

@@ -76,6 +76,9 @@ _LEVEL_RISE = 1.1  # a level this much slower than those below it (and significa
 # coefficient of variation over the square root of the requests) is within this, or
 # within half a slot of the estimate if that is wider (few workers need few requests).
 _RATE_PRECISION = 0.05
+# Variable service: cycles (x cycle_rounds) of cruise rounds without overload or a
+# queue after which a back-off's ceiling lapses (see _cruise_round).
+_CEILING_LAPSE = 2
 _RATE_WINDOW_MAX = 1024  # requests: the widest rate window
 _RATE_WINDOWS = 3  # windows the rate maximum spans at least (in requests: 3 x a window)
 # Headroom (loadshed.limits.headroom): slots beyond the estimate that keep a job handed
@@ -217,6 +220,7 @@ class Little(LimitAlgorithm):
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
+        self._calm_under_ceiling = 0  # cruise rounds since the ceiling last saw trouble
         # Variable service: slots a probe showed to serve, held until the estimate, slow
         # to follow with noisy rates, reaches them or a queue shows.
         self._floor = 0
@@ -712,6 +716,7 @@ class Little(LimitAlgorithm):
             # (A round of only drops is a capacity change's transient: the clients'
             # patience not yet learned; no ceiling from it.)
             self._ceiling = self._limit
+            self._calm_under_ceiling = 0
 
     def _drain_round(self, own_rate: float, measuring: bool, bdp: float) -> None:
         """A drain lasts one round, measuring or not; if the rate held with fewer slots
@@ -746,6 +751,19 @@ class Little(LimitAlgorithm):
         self._cruise_rate = rate if rate > own_rate else own_rate
         self._cruise_limit = self._limit
         self._cruise_rounds += 1
+        if self._ceiling is not None and self._variable:
+            # With variable service a ceiling comes from a back-off (most of a round
+            # dropped: a burst, a capacity change's transient) and only a probe lifts
+            # it, judged on one round's noisy rate: probes failed by chance and a
+            # ceiling set before the workers doubled held the limit at the old count
+            # (4 log-normal workers to 8, bursts: 0.49 of capacity on one seed).
+            # After two cycles of cruise rounds without overload or a queue, it
+            # lapses; the estimate, which grows only with slots that serve, leads.
+            calm = 0 if overloaded or queue_formed else self._calm_under_ceiling + 1
+            self._calm_under_ceiling = calm
+            if calm >= _CEILING_LAPSE * self.cycle_rounds:
+                self._ceiling = None
+                self._calm_under_ceiling = 0
         if queue_formed:
             # Latency jumped: a queue behind our back or a slower service. A drain
             # round tells which (and whether the last slot was idle).
