@@ -214,6 +214,49 @@ def test_deadline_that_cannot_be_met_is_refused_at_the_door() -> None:
     assert isinstance(ok, Ticket)
 
 
+def test_the_wait_for_a_slot_counts_what_the_oldest_request_has_left() -> None:
+    # Steady 1 s service, the one slot busy for 0.8 s: it frees in about 0.2 s (0.4 s
+    # with the margin for timing noise). Judged as if it had a whole service left
+    # (1 s + 1 s), a request with 1.5 s to its deadline was refused; with one worker
+    # and clients that wait two service times, most requests were, and the worker
+    # idled a third of the time.
+    adm, _, clock = make(limit=1)
+    warm = adm.try_acquire()
+    clock.advance(1.0)
+    warm.success()
+    rec = Recorder()
+    busy = rec.submit(adm, "busy")
+    assert isinstance(busy, Token)
+    clock.advance(0.8)
+    with pytest.raises(Rejected) as info:
+        rec.submit(adm, "late", deadline=clock.now() + 1.3)  # 0.4 s + 1 s > 1.3 s
+    assert info.value.reason is RejectReason.DEADLINE
+    ok = rec.submit(adm, "ok", deadline=clock.now() + 1.5)
+    assert isinstance(ok, Ticket)
+
+
+def test_a_request_that_left_does_not_count_as_the_one_in_flight() -> None:
+    adm, algorithm, clock = make(limit=2)
+    warm = adm.try_acquire()
+    clock.advance(1.0)
+    warm.success()  # steady 1 s service
+    first = adm.try_acquire()
+    clock.advance(0.3)
+    second = adm.try_acquire()
+    clock.advance(0.2)
+    first.ignored()
+    algorithm.value = 1  # one slot, taken by second
+    clock.advance(0.4)
+    # second has run 0.6 s: its slot frees in 0.4 s, 0.6 s with the margin (first,
+    # gone, would say 0.1 s and 0.3 s).
+    rec = Recorder()
+    with pytest.raises(Rejected) as info:
+        rec.submit(adm, "late", deadline=clock.now() + 1.35)
+    assert info.value.reason is RejectReason.DEADLINE
+    assert isinstance(rec.submit(adm, "ok", deadline=clock.now() + 1.65), Ticket)
+    assert not second.released
+
+
 def test_past_deadline_is_refused_even_with_free_slots() -> None:
     adm, _, clock = make(limit=4)
     clock.advance(5)
