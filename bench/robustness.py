@@ -160,16 +160,25 @@ def _core_cells() -> list[Cell]:
 
 
 def draw_cells(
-    count: int, seed: int, services: tuple[tuple[str, float], ...] = SERVICES
+    count: int,
+    seed: int,
+    services: tuple[tuple[str, float], ...] = SERVICES,
+    changes: tuple[str, ...] | None = None,
 ) -> list[Cell]:
     """``count`` cells drawn from the full product (plus the core), seeded; the service
-    shapes from ``services`` (the same draw as before for the default)."""
+    shapes from ``services`` (the same draw as before for the default); with
+    ``changes``, only cells (core ones too) whose capacity change is among them."""
     rng = random.Random(seed)
     cells = _core_cells()
+    arrival_choices = ARRIVALS
+    if changes is not None:
+        cells = [cell for cell in cells if cell.change in changes]
+        if "steady" not in changes:
+            arrival_choices = tuple(a for a in ARRIVALS if a != "closed")  # closed: steady
     seen = set(cells)
     while len(cells) < count:
         service, sigma = rng.choice(services)
-        arrivals = rng.choice(ARRIVALS)
+        arrivals = rng.choice(arrival_choices)
         cell = Cell(
             workers=rng.choice(WORKERS),
             service=service,
@@ -178,7 +187,9 @@ def draw_cells(
             arrivals=arrivals,
             load=rng.choice(LOADS),
             timeout=rng.choice(TIMEOUTS),
-            change="steady" if arrivals == "closed" else rng.choice(CHANGES),
+            change="steady"
+            if arrivals == "closed"
+            else rng.choice(CHANGES if changes is None else changes),
             deadlines=rng.random() < 0.5,
         )
         if cell not in seen:
@@ -414,6 +425,11 @@ def main() -> int:
         "lognormal:0.02,lognormal:0.05 for a nearly constant service with jitter",
     )
     parser.add_argument(
+        "--changes",
+        help="only cells with these capacity changes (core cells too), e.g. more,fewer; "
+        f"allowed: {','.join(CHANGES)}",
+    )
+    parser.add_argument(
         "--select", help="only these cells of the drawn list, by position from 0 (e.g. 0,3,9)"
     )
     parser.add_argument(
@@ -445,7 +461,17 @@ def main() -> int:
         services = parse_services(args.services)
     except ValueError as error:
         parser.error(f"--services: {error}")
-    cells = _core_cells() if args.quick else draw_cells(args.cells, args.sample_seed, services)
+    changes: tuple[str, ...] | None = None
+    if args.changes is not None:
+        changes = tuple(c.strip() for c in args.changes.split(",") if c.strip())
+        wrong = [c for c in changes if c not in CHANGES]
+        if wrong or not changes:
+            allowed = ",".join(CHANGES)
+            parser.error(f"--changes: unknown {wrong or args.changes!r}, allowed: {allowed}")
+    if args.quick:
+        cells = [c for c in _core_cells() if changes is None or c.change in changes]
+    else:
+        cells = draw_cells(args.cells, args.sample_seed, services, changes)
     if args.select:
         try:
             cells = [cells[int(i)] for i in args.select.split(",")]
