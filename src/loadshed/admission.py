@@ -52,9 +52,12 @@ _MAX_RETRY_AFTER = 3600.0  # seconds: a Retry-After beyond an hour says nothing 
 # probe, when no success was seen for this many estimates (and at least _STALE_MIN_S):
 # only a request that runs can refresh an estimate that a slow spell left too high.
 _STALE_ESTIMATES = 10.0
-_AGE_MARGIN = 0.2  # x the mean service time: timing noise a request's age leaves out
-_STEADY_HIGH = 1.25  # high / mean service time under this: steady (see _first_slot_free)
 _STALE_MIN_S = 1.0
+# The wait behind a single slot (_first_slot_free): service counts as steady with its
+# high estimate under this x the mean, and what the request in flight has left gets
+# this x the mean added for the timing its age leaves out.
+_STEADY_HIGH = 1.25
+_AGE_MARGIN = 0.2
 # A request after a quiet this long (seconds) and this many mean service times: the
 # give-ups since the request before it were the load leaving (see _arrived).
 _QUIET_MIN_S = 1.0
