@@ -338,9 +338,9 @@ class Admission:
 
         self._inflight = 0
         self._inflight_by_priority = [0] * len(_PRIORITIES)
-        # The requests in flight, oldest first (a dict keeps insertion order, and the
-        # clock never goes back): the age of the oldest tells how soon a slot frees.
-        self._in_flight: dict[Token, None] = {}
+        # When the last request was granted: with one in flight, at most its age (a
+        # later one may have left first), which tells how soon the slot frees.
+        self._granted_at = -math.inf
         self._queues: list[deque[Ticket]] = [deque() for _ in _PRIORITIES]
         self._queued = 0
         self._queued_by_priority = [0] * len(_PRIORITIES)
@@ -831,7 +831,7 @@ class Admission:
         self._counts["admitted"] += 1
         queue_wait = now - enqueued_at
         token = Token(self, priority, deadline, now, queue_wait, self._inflight, cost)
-        self._in_flight[token] = None
+        self._granted_at = now
         if cost is not None:
             self.cost_counts["admitted"] += cost
         if self._listeners:
@@ -872,8 +872,9 @@ class Admission:
     def _first_slot_free(self, now: float, slots: int, mean: float, high: float) -> float:
         """When a slot should next be free, in seconds from ``now``: the mean service
         time shared by the slots; with a single slot and steady service times (the
-        high one within 1.25 x the mean), what the request in it has left, ``high``
-        less its age, plus a fifth of the mean for timing noise: behind one that has
+        high one within 1.25 x the mean) and one request in flight, what that one has
+        left, ``high`` less its age (read as the time since the last grant: never
+        older than it is), plus a fifth of the mean for timing noise: behind one that has
         run 0.8 of its time a request waits 0.2 of it, not all of it. (Without the
         margin, 64 clients that retry at once and leave after two services of 50 ms,
         with 1 ms of dispatch, locked ``little+headroom`` in at 0.02 of capacity:
@@ -882,9 +883,8 @@ class Admission:
         mean left whatever its age, and a log-normal one that ran long tends to run
         longer. With several slots, when the first frees depends on how their
         requests are staggered: in step after a burst they all free at once.)"""
-        if slots == 1 and self._in_flight and high <= _STEADY_HIGH * mean:
-            oldest = next(iter(self._in_flight))
-            age = now - oldest.admitted_at
+        if slots == 1 and self._inflight == 1 and high <= _STEADY_HIGH * mean:
+            age = now - self._granted_at
             if age < high:  # (overdue, it says nothing: it may be waiting for a worker)
                 left = high - age + _AGE_MARGIN * mean
                 if left < mean:
@@ -894,7 +894,6 @@ class Admission:
     def _vacate(self, token: Token) -> None:
         self._inflight -= 1
         self._inflight_by_priority[token.priority] -= 1
-        del self._in_flight[token]
         if self._queued:
             self._dispatch(self.now())
 
@@ -903,7 +902,6 @@ class Admission:
         if not token._vacated:
             self._inflight -= 1
             self._inflight_by_priority[token.priority] -= 1
-            del self._in_flight[token]
         service_s = now - token.admitted_at
         self._counts[outcome] += 1  # a str enum: finds the key of its value
         if outcome is _SUCCESS:
