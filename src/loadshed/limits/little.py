@@ -44,6 +44,7 @@ _QUEUE_RISE = 1.5  # round latency over this x the minimum: requests queued some
 _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut now
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
 _PROBE_COSTLY = 0.5  # share of a probe's requests dropped (twice cruise's) that was costly
+_PROBE_FAILED_LONGEST = 4  # x cycle_rounds: the longest interval after failed probes
 _PROBE_COSTLY_LONGEST = 32  # x cycle_rounds: the longest interval after costly probes
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
@@ -647,6 +648,11 @@ class Little(LimitAlgorithm):
         # A ceiling and the drain's verdict compare rates of the faster past: void.
         self._ceiling = None
         self._cruise_rate = 0.0
+        # So do the verdicts of the probes that spaced the next one out (a probe judged
+        # across the change fails on the slower rate, and its requests in flight then
+        # drop): the estimate restarts from a guess that only a probe corrects.
+        self._probe_interval = self.cycle_rounds
+        self._probe_cost_charged = True
         self._rounds.clear()
         self._rounds.append((workers / latency, latency))
         if self._variable:
@@ -1252,9 +1258,16 @@ class Little(LimitAlgorithm):
             self._limit = self._clamp(self._limit + self._probe_step)
         else:
             # Nothing more to find: probe half as often next time, so a server at its
-            # capacity is not made to queue every few rounds.
+            # capacity is not made to queue every few rounds; but not past a few
+            # cycles, since a probe is the only way to find workers added since (4
+            # nearly constant workers doubled to 8: 0.78 of capacity with probes up to
+            # 8 cycles apart, 0.89 with 4). A failed probe's queue adds extra / base
+            # of a service to each request: with one or two slots half a service or
+            # more, so those keep 8 cycles (and a probe that cost clients their
+            # patience spaces the next one out further, _probe_was_costly).
             if not self._variable:  # a probe fails by chance when the rate is noisy
-                longer = min(self._probe_interval * 2, 8 * self.cycle_rounds)
+                cycles = _PROBE_FAILED_LONGEST if self._probe_base_limit > 2 else 8
+                longer = min(self._probe_interval * 2, cycles * self.cycle_rounds)
                 self._probe_interval = max(self._probe_interval, longer)
             self._enter_drain()
 
