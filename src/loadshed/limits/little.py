@@ -648,11 +648,6 @@ class Little(LimitAlgorithm):
         # A ceiling and the drain's verdict compare rates of the faster past: void.
         self._ceiling = None
         self._cruise_rate = 0.0
-        # So do the verdicts of the probes that spaced the next one out (a probe judged
-        # across the change fails on the slower rate, and its requests in flight then
-        # drop): the estimate restarts from a guess that only a probe corrects.
-        self._probe_interval = self.cycle_rounds
-        self._probe_cost_charged = True
         self._rounds.clear()
         self._rounds.append((workers / latency, latency))
         if self._variable:
