@@ -45,6 +45,8 @@ _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut n
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
 _PROBE_COSTLY = 0.5  # share of a probe's requests dropped (twice cruise's) that was costly
 _PROBE_FAILED_LONGEST = 4  # x cycle_rounds: the longest interval after failed probes
+_PROBE_FAILED_LONGEST_FEW = 8  # ... with a base of _PROBE_FEW_SLOTS or fewer
+_PROBE_FEW_SLOTS = 2  # where one slot more adds half a service or more to each request
 _PROBE_COSTLY_LONGEST = 32  # x cycle_rounds: the longest interval after costly probes
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
@@ -1261,7 +1263,8 @@ class Little(LimitAlgorithm):
             # more, so those keep 8 cycles (and a probe that cost clients their
             # patience spaces the next one out further, _probe_was_costly).
             if not self._variable:  # a probe fails by chance when the rate is noisy
-                cycles = _PROBE_FAILED_LONGEST if self._probe_base_limit > 2 else 8
+                few = self._probe_base_limit <= _PROBE_FEW_SLOTS
+                cycles = _PROBE_FAILED_LONGEST_FEW if few else _PROBE_FAILED_LONGEST
                 longer = min(self._probe_interval * 2, cycles * self.cycle_rounds)
                 self._probe_interval = max(self._probe_interval, longer)
             self._enter_drain()
