@@ -47,6 +47,7 @@ _PROBE_COSTLY = 0.5  # share of a probe's requests dropped (twice cruise's) that
 _PROBE_FAILED_LONGEST = 4  # x cycle_rounds: the longest interval after failed probes
 _PROBE_FAILED_LONGEST_FEW = 8  # ... with a base of _PROBE_FEW_SLOTS or fewer
 _PROBE_FEW_SLOTS = 2  # where one slot more adds half a service or more to each request
+_BACKOFF_EVIDENCE = 2  # start-up's requests before "most dropped" backs off (spread unsure)
 _PROBE_COSTLY_LONGEST = 32  # x cycle_rounds: the longest interval after costly probes
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
@@ -224,6 +225,8 @@ class Little(LimitAlgorithm):
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
         self._calm_under_ceiling = 0  # cruise rounds since the ceiling last saw trouble
+        self._backoff_successes = 0  # successes and drops pooled since the last verdict
+        self._backoff_drops = 0  # on "most dropped" (start-up: _BACKOFF_EVIDENCE at least)
         # Variable service: slots a probe showed to serve, held until the estimate, slow
         # to follow with noisy rates, reaches them or a queue shows.
         self._floor = 0
@@ -418,11 +421,20 @@ class Little(LimitAlgorithm):
             # Any request's delivery rate is a lower bound on capacity, whenever it
             # was admitted (the filter takes them all); judging this round's limit
             # (probe, drain) takes only the requests admitted under it.
-            count = self._completions_during(now, rtt)
+            count, interval = self._completions_during(now, rtt)
             # A latency under a microsecond is timer noise: never divide by less.
             rate = count / max(rtt, _MIN_INTERVAL) if rtt > 0 else 0.0
-            if rate > self._round_rate and not dropped:
-                self._round_rate = rate
+            # A probe, a drain and cruise judge a limit on rates that never read a
+            # worker more than there is (a probe over the workers passed on one that
+            # waited at the origin: E2 with jitter), and a probe's requests, which
+            # may wait at the origin, feed the estimate's filter the same way. Other
+            # rounds feed it count / latency: on the interval, arrivals that leave
+            # slots idle read it low, and a probe must then beat a low base by chance
+            # (E2 without deadlines, seed 2: cruise at 4 slots of 7, 0.53 of capacity).
+            judged_rate = count / max(interval, _MIN_INTERVAL) if rtt > 0 else 0.0
+            filter_rate = judged_rate if self._state is _State.PROBE else rate
+            if filter_rate > self._round_rate and not dropped:
+                self._round_rate = filter_rate
             if rtt > self._cut_threshold and self._limit > self._cut_above:
                 self._cut_if_queued()
             # Means take every completion, whenever admitted: the requests admitted
@@ -450,8 +462,8 @@ class Little(LimitAlgorithm):
                 self._round_successes += 1
                 if rtt < self._round_latency:
                     self._round_latency = rtt
-                if rate > self._round_own_rate:
-                    self._round_own_rate = rate
+                if judged_rate > self._round_own_rate:
+                    self._round_own_rate = judged_rate
                 if sample.inflight >= self._limit:
                     self._round_saturated = True
         turned_over = self._round_successes + self._round_drops
@@ -464,14 +476,19 @@ class Little(LimitAlgorithm):
             self._end_round(now)
         return self._limit
 
-    def _completions_during(self, now: float, rtt: float) -> int:
-        """Completions during this request's life, itself included.
+    def _completions_during(self, now: float, rtt: float) -> tuple[int, float]:
+        """Completions during this request's life, itself included, and the interval
+        from the last completion before its admission to now (at least its latency).
 
-        Divided by the latency: the request's delivery rate.
-
-        As BBR's per-packet delivery rate: it cannot exceed the capacity however
-        many requests were in flight, since a queued request's latency grows with
-        the queue in front of it.
+        Divided by the latency: the request's delivery rate. As BBR's per-packet
+        delivery rate: it cannot exceed the capacity by more than a completion however
+        many requests were in flight, since a queued request's latency grows with the
+        queue in front of it. The completion that freed the worker of a request that
+        waited for one counts, though, and a request that arrived to a free slot and
+        waited briefly reads up to one worker more (8 on 7). Divided by the interval
+        instead, as BBR's ack-elapsed time, that wait is offset by the time since the
+        completion before; a slot left idle before admission reads low instead, which
+        a maximum discards.
         """
         completions = self._completions
         if completions and now < completions[-1]:
@@ -487,9 +504,12 @@ class Little(LimitAlgorithm):
                 start = 0
             self._history_start = start
         if rtt <= 0:
-            return 1
+            return 1, rtt
         admitted = bisect.bisect_right(completions, now - rtt, lo=self._history_start)
-        return len(completions) - admitted
+        interval = rtt
+        if admitted > self._history_start:
+            interval = max(rtt, now - completions[admitted - 1])
+        return len(completions) - admitted, interval
 
     def _cut_if_queued(self) -> None:
         """A request queued far beyond the minimum latency: stop over-admitting now."""
@@ -611,11 +631,28 @@ class Little(LimitAlgorithm):
         if self._trial is not None:
             self._limit = self._trial.limit  # the trial holds the limit (drops end it)
             return
-        if drops > successes and (not successes or not self._spread_unknown()):
-            # (Before the spread is known, only a round that served nothing: see
-            # _spread_unknown.)
-            self._back_off_most_dropped(successes, bdp)
-            return
+        # Start-up with a spread not shown small judges "most dropped" on at least
+        # _BACKOFF_EVIDENCE requests, pooled over its rounds: at its first limits a
+        # round is one request, and one long request of a heavy tail (or one that
+        # waited for the small limit itself) backed 32 log-normal workers off to 1
+        # slot, where every request waits, more drop, and the limit stayed (bursts at
+        # 2x, clients that wait 2 services: 0.02 of capacity over 60 s, seed 1).
+        self._backoff_successes += successes
+        self._backoff_drops += drops
+        if (
+            self._backoff_successes + self._backoff_drops >= _BACKOFF_EVIDENCE
+            or self._state is not _State.STARTUP
+            or not (variable or self._spread_uncertain())
+        ):
+            pooled_successes, pooled_drops = self._backoff_successes, self._backoff_drops
+            self._backoff_successes = self._backoff_drops = 0
+            if pooled_drops > pooled_successes and (
+                not pooled_successes or not self._spread_unknown()
+            ):
+                # (Before the spread is known, only rounds that served nothing: see
+                # _spread_unknown.)
+                self._back_off_most_dropped(pooled_successes, bdp)
+                return
         if bdp <= 0:
             return
         # A widely varying service times out its slowest requests at any limit: only
