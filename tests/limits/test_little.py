@@ -797,7 +797,7 @@ def test_start_up_does_not_back_off_on_one_long_request_of_a_heavy_tail() -> Non
     # round is one request: one that waited for the small limit and then ran long
     # made a round "most dropped", start-up backed off to 1 slot, every request then
     # waited, more dropped, the back-off's ceiling held, and goodput stayed at 0.02
-    # of capacity for 60 s. Start-up now judges "most dropped" on 2 requests at least
+    # of capacity for 60 s. Start-up now judges "most dropped" on 3 requests at least
     # while the spread is not shown small.
     share = open_loop_share(
         workers=32,
