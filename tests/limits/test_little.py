@@ -538,9 +538,11 @@ def test_late_admitted_drops_do_not_lock_the_limit_in_at_zero_goodput() -> None:
 
 
 def test_a_drop_that_waited_for_its_slot_and_met_no_queue_is_no_overload() -> None:
-    # Start-up at 4 slots on a 0.1 s constant service: a round of drops that waited
-    # for admission and were served in the unqueued time leaves start-up as it was; the
-    # same drops admitted at once (no wait: the queue was behind the limit) back off.
+    # Start-up at 4 slots on a 0.1 s constant service: rounds of drops that waited
+    # for admission and were served in the unqueued time leave start-up as it was; the
+    # same drops admitted at once (no wait: the queue was behind the limit) back off
+    # (with the spread not yet shown, start-up judges "most dropped" on 3 requests at
+    # least, pooled with the round of successes before: three rounds of two drops).
     def after_drops(waited: float) -> tuple[int, str]:
         little = Little(initial_limit=4)
         now = 0.0
@@ -548,11 +550,12 @@ def test_a_drop_that_waited_for_its_slot_and_met_no_queue_is_no_overload() -> No
             now += 0.1
             for _ in range(2):
                 little.update(Sample(rtt=0.1, inflight=4, dropped=False, now=now, queued=8))
-        now += 0.1
-        for _ in range(4):
-            little.update(
-                Sample(rtt=0.1, inflight=4, dropped=True, now=now, queued=8, waited=waited)
-            )
+        for gap in (0.1, 0.15, 0.15):  # (admitted after the round before ended)
+            now += gap
+            for _ in range(2):
+                little.update(
+                    Sample(rtt=0.1, inflight=4, dropped=True, now=now, queued=8, waited=waited)
+                )
         return little.limit, little.state
 
     limit, state = after_drops(waited=0.3)
