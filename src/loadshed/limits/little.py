@@ -70,6 +70,7 @@ _VARIABLE_Z = 3.0  # standard errors a round mean must rise by to count as a que
 _VARIABLE_SLOWER = 2.0  # a drain's mean over this x the unqueued mean: slower service
 _VARIABLE_DROPS = 0.1  # share of a round's requests dropped that means overload
 _VARIABLE_BASELINE = 32  # requests the unqueued mean needs before queues are judged by it
+_CALM_BASELINE = 128  # ... before a round it calls unqueued vouches for the workers
 _LEVEL_MEMORY = 256.0  # requests: a level's mean weighs at most this many
 _LATE_SERVED = 0.5  # a drop this long (x the mean) was served late: its latency counts
 _LEVELS_MEMORY = 2048.0  # requests: all levels together weigh at most this many
@@ -232,6 +233,9 @@ class Little(LimitAlgorithm):
         self._floor = 0
         self._drain_from = _State.STARTUP  # the state the last drain began in
         self._knee: int | None = None  # the last fit's knee (see _fold_levels)
+        # Variable service: the workers the last calm cruise round vouched for (its
+        # limit, at most the knee), kept through a slower service (_forget_faster_past).
+        self._calm_workers = 0
         # The workers shown by the order requests end in (loadshed.limits.overtake).
         self._overtakes = OvertakeEdge()
         self._fifo = False  # an edge was found: the origin serves in order
@@ -680,8 +684,21 @@ class Little(LimitAlgorithm):
     def _forget_faster_past(self, latency: float) -> None:
         """Draining did not bring latency down: the service itself got slower. Forget
         the rounds of the faster past, rates and latencies together, and keep the
-        concurrency: the workers are the same, only slower."""
+        concurrency: the workers are the same, only slower.
+
+        With variable service the concurrency is the last calm cruise round's, held
+        as a ceiling while the new unqueued mean is measured (lifted as any ceiling
+        is: a probe that gains, or calm cruise). By the time a drain shows the
+        service slower, the knee has crept up and the estimate mixes a halved rate
+        with the faster past's latency; and a mean measured over the workers ratifies
+        its own queue (rate x queued latency = the limit), since no level under them
+        is visited again: 32 log-normal (sigma 1) workers of 200 ms to 400 ms at 1.5x,
+        clients that wait 600 ms, cruised at 40 to 47 slots after the change (0.57 of
+        capacity over seeds 1-4; `fixed:32` 0.72; now 0.64)."""
         workers = self._slots(self.estimate())
+        calm = self._variable and self._calm_workers > 0
+        if calm:
+            workers = self._calm_workers
         self._drop_headroom()
         self._floor = 0
         # A ceiling and the drain's verdict compare rates of the faster past: void.
@@ -697,6 +714,10 @@ class Little(LimitAlgorithm):
             self._push_rate(workers / latency, 0.0)
             self._level_stats.clear()
             self._latency_weight = 0.0
+            if calm:
+                self._knee = None
+                self._ceiling = workers
+                self._calm_under_ceiling = 0
 
     def _refresh_filters(self) -> float:
         """Recompute the rate maximum and latency minimum over the rounds kept, and the
@@ -828,6 +849,14 @@ class Little(LimitAlgorithm):
             if calm >= _CEILING_LAPSE * self.cycle_rounds:
                 self._ceiling = None
                 self._calm_under_ceiling = 0
+        if (
+            self._variable
+            and not queue_formed
+            and not overloaded
+            and self._latency_weight >= _CALM_BASELINE
+        ):
+            knee = self._knee
+            self._calm_workers = min(self._limit, knee) if knee is not None else self._limit
         if queue_formed:
             # Latency jumped: a queue behind our back or a slower service. A drain
             # round tells which (and whether the last slot was idle).
@@ -989,6 +1018,7 @@ class Little(LimitAlgorithm):
                 )
             self._startup_spread = [0.0, 0.0, 0.0, 0.0]
             self._overtakes.clear()
+            self._calm_workers = 0
             self._variable = True
             self._drop_headroom()
             self._state = _State.STARTUP
