@@ -336,9 +336,8 @@ def test_a_slower_heavy_tailed_service_keeps_the_workers_of_its_calm_cruise() ->
     # at 1.5x load, clients that wait 600 ms (deadlines sent). By the time a drain
     # showed the service slower, the knee had crept past the workers; the reset kept
     # it, and a mean measured over the workers then ratified its own queue: 40 to 47
-    # slots after the change, 0.56 and 0.46 of capacity on seeds 2 and 3 (fixed:32
-    # 0.72 and 0.69). The calm cruise's workers are now held while the slower mean
-    # is measured: 0.69 and 0.62.
+    # slots after the change, 0.57 of capacity over seeds 1-4 (fixed:32 0.72). The
+    # calm cruise's workers are now held while the slower mean is measured: 0.64.
     def after_the_change(seed: int) -> float:
         result = run_capacity_change(
             limiter=LimiterConfig("little"),
@@ -359,8 +358,8 @@ def test_a_slower_heavy_tailed_service_keeps_the_workers_of_its_calm_cruise() ->
         step = result["steps"][1]
         return float(step["goodput_rps"] / step["capacity_rps"])
 
-    shares = [after_the_change(seed) for seed in (2, 3)]
-    assert sum(shares) / len(shares) >= 0.6, shares
+    shares = [after_the_change(seed) for seed in (1, 2, 3, 4)]
+    assert sum(shares) / len(shares) >= 0.61, shares
 
 
 def test_one_slow_worker_start_up_stops_at_the_fitted_knee() -> None:
@@ -824,6 +823,28 @@ def test_workers_that_double_under_bursts_are_found(sigma: float, floor: float) 
         timeout=2.0,
     )
     assert share >= floor
+
+
+def test_a_probe_after_the_workers_doubled_is_judged_against_a_precise_rate() -> None:
+    # 32 log-normal (sigma 1) workers of 200 ms doubled to 64 under bursts at 2x,
+    # clients that wait 2 service times and send no deadline (seed 3). A probe was
+    # judged against the rate of the one cruise round before it: two rounds of a
+    # few dozen heavy-tailed requests each, and the probes that would have found
+    # the new workers failed by chance (0.60 of capacity). The base is now the
+    # latest wide rate window, pooled over as many requests as the spread needs.
+    share = open_loop_share(
+        workers=32,
+        service=0.2,
+        load=2.0,
+        seed=3,
+        workers_to=64,
+        arrivals="bursts",
+        dist="lognormal",
+        sigma=1.0,
+        timeout=2.0,
+        deadlines=False,
+    )
+    assert share >= 0.7  # 0.744
 
 
 def test_start_up_does_not_back_off_on_one_long_request_of_a_heavy_tail() -> None:

@@ -1481,6 +1481,20 @@ class Little(LimitAlgorithm):
         self._state = _State.PROBE
         self._probe_step = 1
         self._probe_base_limit = self._base(bdp)
+        if self._variable and self._vrates and self._probe_base_limit > _PROBE_FEW_SLOTS:
+            # Judged against the latest wide rate window (pooled over as many requests
+            # as the spread needs), not one cruise round's rate: two rounds' noisy
+            # rates made the verdict a coin toss, and after the workers doubled the
+            # probes failed by chance (32 log-normal sigma 1 workers to 64 under
+            # bursts, clients that wait 2 services: 0.60 of capacity on seed 3, 0.74
+            # now). A narrow window of start-up reads a noisy rate high: not those.
+            # With one or two slots a probe adds half a service or more to every
+            # request it holds, and the round's own rate keeps them rarer (one
+            # exponential worker at 1.5x: -0.01 with the window).
+            half = self._rate_window_need() / 2
+            wide = [w for w in self._vrates if w[1] >= half]
+            if wide:
+                rate = wide[-1][0]
         self._probe_base_rate = rate
         # It runs from the round _end_round has just started.
         since = self._round_start if self._round_start is not None else -math.inf
