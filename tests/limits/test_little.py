@@ -847,6 +847,19 @@ def test_a_probe_after_the_workers_doubled_is_judged_against_a_precise_rate() ->
     assert share >= 0.7  # 0.744
 
 
+def test_a_back_off_does_not_go_under_the_workers_the_overtake_edge_shows() -> None:
+    # 4 exponential workers of 200 ms under bursts at 2x, clients that wait 2
+    # service times and send no deadline (seed 4). Requests that waited for a slot
+    # dropped after admission, "most dropped" backed the limit off to 3 and then 2
+    # slots under the 4 workers the overtake edge showed, where clients waited longer
+    # and dropped more: 0.49 of capacity (`fixed:4` 0.75). A back-off now stops at
+    # the edge's workers.
+    share = open_loop_share(
+        workers=4, service=0.2, load=2.0, seed=4, arrivals="bursts", timeout=2.0, deadlines=False
+    )
+    assert share >= 0.65  # 0.73
+
+
 def test_start_up_does_not_back_off_on_one_long_request_of_a_heavy_tail() -> None:
     # 32 log-normal (sigma 1) workers of 200 ms, bursts at 2x capacity, clients that
     # wait 2 service times and send no deadline (seed 1). At start-up's first limits a
