@@ -1106,12 +1106,13 @@ class Little(LimitAlgorithm):
         """The maximum over the rate windows; once some are as wide as the spread needs,
         over those only (the maximum of a few narrow windows of start-up reads a
         noisy rate high, and would stay until wide windows push them out)."""
-        rates = list(self._vrates)
-        half = self._rate_window_need() / 2
-        wide = [w for w in rates if w[1] >= half]
-        if wide:
-            rates = wide
+        rates = self._wide_rates() or list(self._vrates)
         self._vbdp_max = max(map(self._window_bdp, rates)) if rates else 0.0
+
+    def _wide_rates(self) -> list[tuple[float, float, float]]:
+        """The rate windows at least half as wide as the spread needs, oldest first."""
+        half = self._rate_window_need() / 2
+        return [w for w in self._vrates if w[1] >= half]
 
     def _push_rate(self, rate: float, count: float, latency: float | None = None) -> None:
         """Add a rate window (measured while the unqueued mean latency was ``latency``,
@@ -1500,8 +1501,7 @@ class Little(LimitAlgorithm):
             # With one or two slots a probe adds half a service or more to every
             # request it holds, and the round's own rate keeps them rarer (one
             # exponential worker at 1.5x: -0.01 with the window).
-            half = self._rate_window_need() / 2
-            wide = [w for w in self._vrates if w[1] >= half]
+            wide = self._wide_rates()
             if wide:
                 rate = wide[-1][0]
         self._probe_base_rate = rate
