@@ -21,6 +21,7 @@ PUBLIC = {
     "Clock": "loadshed.clock",
     "ConfigError": "loadshed.errors",
     "Discipline": "loadshed.config",
+    "LimitUnit": "loadshed.config",
     "Limiter": "loadshed.limiter",
     "LimiterSnapshot": "loadshed.admission",
     "LoadShedMiddleware": "loadshed.asgi",

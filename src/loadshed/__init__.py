@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from loadshed.admission import Admission, LimiterSnapshot, Ticket, Token
 from loadshed.clock import Clock, MonotonicClock, VirtualClock
-from loadshed.config import AdmissionConfig, Discipline
+from loadshed.config import AdmissionConfig, Discipline, LimitUnit
 from loadshed.errors import ConfigError, LoadshedError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limiter import Limiter
 from loadshed.limits import make_limit
@@ -31,6 +31,7 @@ __all__ = [
     "Clock",
     "ConfigError",
     "Discipline",
+    "LimitUnit",
     "Limiter",
     "LimiterSnapshot",
     "LoadShedMiddleware",

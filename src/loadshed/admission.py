@@ -24,11 +24,12 @@ from typing import Final, Protocol
 
 from loadshed.clock import Clock, reader
 from loadshed.codel import CoDel
-from loadshed.config import AdmissionConfig, Discipline, resolve_config
+from loadshed.config import AdmissionConfig, Discipline, LimitUnit, resolve_config
 from loadshed.costmodel import CostModel, check_cost
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
 from loadshed.limits.base import LimitAlgorithm, Sample
+from loadshed.limits.fixed import Fixed
 from loadshed.waitbound import DEFAULT_WAIT_CEILING, AdaptiveWaitBound
 
 __all__ = [
@@ -99,6 +100,8 @@ class LimiterSnapshot:
     patience_s: float | None
     algorithm: str
     counts: dict[str, int] = field(default_factory=dict)
+    inflight_cost: float = 0.0
+    """Cost units in flight, when the limit counts cost (``limit_unit="cost"``); else 0."""
 
 
 class _State(enum.Enum):
@@ -256,6 +259,11 @@ class Admission:
         learn_patience: use the learned client patience as the deadline of requests
             that carry none.
         codel_target / codel_interval: CoDel's settings (seconds).
+        limit_unit: ``requests`` (default) or ``cost``: the limit then bounds the cost
+            in flight (a request without a cost counts one unit; one costing more than
+            the whole limit runs alone, when nothing else is in flight); it needs a
+            :class:`~loadshed.limits.fixed.Fixed` limit. Queued requests are granted in
+            order: a big one at the head is not passed over by smaller ones behind it.
         config: all of the above as one :class:`~loadshed.config.AdmissionConfig`
             (then leave the keywords at their defaults).
 
@@ -283,6 +291,7 @@ class Admission:
         codel_target: float = 0.005,
         codel_interval: float = 0.1,
         adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING,
+        limit_unit: LimitUnit | str = LimitUnit.REQUESTS,
         config: AdmissionConfig | None = None,
     ) -> None:
         config = resolve_config(
@@ -296,6 +305,7 @@ class Admission:
             adaptive_wait_ceiling=adaptive_wait_ceiling,
             codel_target=codel_target,
             codel_interval=codel_interval,
+            limit_unit=limit_unit,
         )
         if not isinstance(name, str):
             raise ConfigError("name", f"must be a string, got {type(name).__name__}")
@@ -308,6 +318,15 @@ class Admission:
         limit.check()
         self.algorithm = limit
         self._feed_algorithm = limit.uses_samples  # read once: it is a class setting
+        self.counts_cost = config.limit_unit is LimitUnit.COST
+        """True when the limit counts cost units in flight, not requests."""
+        if self.counts_cost and not isinstance(limit, Fixed):
+            # An adaptive algorithm reads a number of requests from latencies; a cost
+            # capacity (a KV cache's tokens) is known, not learned from them.
+            raise ConfigError(
+                "limit_unit",
+                f"cost needs a fixed limit (fixed:N, N in cost units), got {limit.describe()}",
+            )
         self.clock = clock
         self.now = reader(clock)
         """Reads the clock (read on every admission and release; see clock.reader)."""
@@ -338,6 +357,9 @@ class Admission:
 
         self._inflight = 0
         self._inflight_by_priority = [0] * len(_PRIORITIES)
+        # Cost units in flight, in all and per class (only when the limit counts cost).
+        self._inflight_cost = 0.0
+        self._inflight_cost_by_priority = [0.0] * len(_PRIORITIES)
         # When the last request was granted: with one in flight, at most its age (a
         # later one may have left first), which tells how soon the slot frees.
         self._granted_at = -math.inf
@@ -378,6 +400,11 @@ class Admission:
         return self._inflight
 
     @property
+    def inflight_cost(self) -> float:
+        """Cost units held now when the limit counts cost (``limit_unit="cost"``); else 0."""
+        return self._inflight_cost
+
+    @property
     def queue_length(self) -> int:
         """Requests waiting now."""
         return self._queued
@@ -403,6 +430,7 @@ class Admission:
             patience_s=self.patience.patience,
             algorithm=self.algorithm.describe(),
             counts=dict(self._counts),
+            inflight_cost=self._inflight_cost,
         )
 
     def retry_after(self) -> float:
@@ -410,7 +438,7 @@ class Admission:
         # Runs for every refusal: plain comparisons rather than max(), the algorithm's
         # limit read directly rather than through self.limit.
         service = self.service.mean or _DEFAULT_QUEUE_WAIT
-        limit = self.algorithm.limit
+        limit = self._slots()
         if self._queued_costed and self.cost_model.fitted:
             # The work queued, each request at its own predicted time.
             work = self._work_ahead(_PRIORITIES[-1], self._queued, service)
@@ -461,9 +489,11 @@ class Admission:
         if deadline is not None and deadline <= now:
             raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
         ahead = self._waiting_at_or_above(priority)
-        limit = self.algorithm.limit
-        cap = self._cap(priority) if self._reserved else limit
-        if not ahead and self._inflight < cap:
+        if not ahead and (
+            self._fits(priority, cost)
+            if self.counts_cost
+            else self._inflight < (self._cap(priority) if self._reserved else self.algorithm.limit)
+        ):
             if (
                 own_deadline is not None
                 and now + self._finish_for(cost) > own_deadline
@@ -472,7 +502,7 @@ class Admission:
                 raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
             return self._grant(priority, deadline, now, now, cost)
 
-        slots = limit if limit > 1 else 1  # what the queue drains through
+        slots = self._slots()  # what the queue drains through
         # The high service-time percentile sorts a window: read it only for a deadline.
         service_high = self._high_for(cost) if deadline is not None else None
         service_mean = self.service.mean
@@ -547,12 +577,16 @@ class Admission:
         """A token if one is free right now for this priority, else None (nothing is
         counted: the caller goes on to :meth:`submit`). The uncontended fast path.
         ``cost`` as for :meth:`submit`."""
-        # Kept lean (it runs for every request): no reserved shares means the cap is the limit.
-        cap = self._cap(priority) if self._reserved else self.algorithm.limit
-        if self._inflight >= cap or (self._queued and self._waiting_at_or_above(priority)):
-            return None
         if cost is not None:
             cost = check_cost(cost)
+        if self.counts_cost:
+            if not self._fits(priority, cost):
+                return None
+        # Kept lean (it runs for every request): no reserved shares means the cap is the limit.
+        elif self._inflight >= (self._cap(priority) if self._reserved else self.algorithm.limit):
+            return None
+        if self._queued and self._waiting_at_or_above(priority):
+            return None
         now = self.now()
         self._arrived(now)
         if deadline is None:  # _effective_deadline, inlined: one call fewer per request
@@ -582,7 +616,7 @@ class Admission:
         deadline = self._effective_deadline(deadline, now)
         if deadline is not None and deadline <= now:
             raise self._refuse(RejectReason.DEADLINE, 0.0, cost)
-        if self._can_admit(priority) and not self._waiting_at_or_above(priority):
+        if self._can_admit(priority, cost) and not self._waiting_at_or_above(priority):
             if (
                 own_deadline is not None
                 and now + self._finish_for(cost) > own_deadline
@@ -789,8 +823,35 @@ class Admission:
                 held_back += max(0, math.floor(share * limit) - self._inflight_by_priority[other])
         return limit - held_back
 
-    def _can_admit(self, priority: Priority) -> bool:
+    def _can_admit(self, priority: Priority, cost: float | None) -> bool:
+        """Whether a request of this class and ``cost`` fits under the limit now."""
+        if self.counts_cost:
+            return self._fits(priority, cost)
         return self._inflight < self._cap(priority)
+
+    def _fits(self, priority: Priority, cost: float | None) -> bool:
+        """With the limit in cost units: whether ``cost`` (one unit when None) fits in
+        what this class may use (the limit less the unused shares reserved for more
+        critical classes). A request costing more than that runs alone: with nothing
+        in flight it always fits, so no cost is refused for being too big."""
+        if not self._inflight:
+            return True
+        limit = self.algorithm.limit
+        room = limit - self._inflight_cost
+        if self._reserved:
+            for other, share in self._reserved.items():
+                if other < priority:
+                    unused = share * limit - self._inflight_cost_by_priority[other]
+                    if unused > 0:
+                        room -= unused
+        return (1.0 if cost is None else cost) <= room
+
+    def _slots(self) -> int:
+        """How many requests the queue drains through at once: the limit, or with the
+        limit in cost units the requests in flight (the cost limit is reached whenever
+        requests queue, so that is how many it holds at a time)."""
+        slots = self._inflight if self.counts_cost else self.algorithm.limit
+        return slots if slots > 1 else 1
 
     def _waiting_at_or_above(self, priority: Priority) -> int:
         """Live tickets queued at this priority or a more critical one."""
@@ -828,6 +889,10 @@ class Admission:
     ) -> Token:
         self._inflight += 1
         self._inflight_by_priority[priority] += 1
+        if self.counts_cost:
+            units = 1.0 if cost is None else cost
+            self._inflight_cost += units
+            self._inflight_cost_by_priority[priority] += units
         self._counts["admitted"] += 1
         queue_wait = now - enqueued_at
         token = Token(self, priority, deadline, now, queue_wait, self._inflight, cost)
@@ -894,14 +959,28 @@ class Admission:
     def _vacate(self, token: Token) -> None:
         self._inflight -= 1
         self._inflight_by_priority[token.priority] -= 1
+        if self.counts_cost:
+            self._cost_freed(token)
         if self._queued:
             self._dispatch(self.now())
+
+    def _cost_freed(self, token: Token) -> None:
+        """Take a token's cost units out of those in flight (limit in cost units)."""
+        if not self._inflight:  # nothing held: no float residue left behind
+            self._inflight_cost = 0.0
+            self._inflight_cost_by_priority = [0.0] * len(_PRIORITIES)
+            return
+        units = 1.0 if token.cost is None else token.cost
+        self._inflight_cost -= units
+        self._inflight_cost_by_priority[token.priority] -= units
 
     def _release(self, token: Token, outcome: Outcome) -> None:
         now = self.now()
         if not token._vacated:
             self._inflight -= 1
             self._inflight_by_priority[token.priority] -= 1
+            if self.counts_cost:
+                self._cost_freed(token)
         service_s = now - token.admitted_at
         self._counts[outcome] += 1  # a str enum: finds the key of its value
         if outcome is _SUCCESS:
@@ -918,7 +997,7 @@ class Admission:
                 self.patience.served(token.queue_wait + service_s, now)
                 if token.queue_wait > 0 and token.deadline is None and self.max_queue_wait is None:
                     self.wait_bound.succeeded(
-                        token.queue_wait, mean, self.algorithm.limit, self.patience.earliest
+                        token.queue_wait, mean, self._slots(), self.patience.earliest
                     )
         if outcome is not _IGNORED and self._feed_algorithm:
             # tuple.__new__ builds the named tuple without its Python-level __new__.
@@ -955,8 +1034,8 @@ class Admission:
                 if ticket._state is not _State.QUEUED:
                     queue.pop() if lifo else queue.popleft()
                     continue
-                if not self._can_admit(_PRIORITIES[level]):
-                    return None
+                if not self._can_admit(_PRIORITIES[level], ticket.cost):
+                    return None  # head-of-line: a big request is not passed over
                 queue.pop() if lifo else queue.popleft()
                 return ticket
         return None

@@ -15,14 +15,30 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from loadshed.checks import check_int, check_number, check_optional_number
 from loadshed.costmodel import CostModel
 from loadshed.errors import ConfigError, Priority
 from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
-__all__ = ["AdmissionConfig", "Discipline", "resolve_config"]
+__all__ = ["AdmissionConfig", "Discipline", "LimitUnit", "resolve_config"]
+
+
+_Choice = TypeVar("_Choice", bound=enum.Enum)
+
+
+def _member(choices: type[_Choice], value: object, field: str) -> _Choice:
+    """The member of ``choices`` that ``value`` is or names; :class:`ConfigError`
+    naming ``field`` and the allowed values otherwise."""
+    if isinstance(value, choices):
+        return value
+    if isinstance(value, str):
+        for member in choices:
+            if member.value == value:
+                return member
+    allowed = "|".join(str(member.value) for member in choices)
+    raise ConfigError(field, f"got {value!r}, allowed: {allowed}")
 
 
 class Discipline(str, enum.Enum):
@@ -42,14 +58,26 @@ class Discipline(str, enum.Enum):
     @classmethod
     def parse(cls, value: Discipline | str) -> Discipline:
         """A member from itself or its name; :class:`ConfigError` naming the allowed values."""
-        if isinstance(value, Discipline):
-            return value
-        if isinstance(value, str):
-            for member in cls:
-                if member.value == value:
-                    return member
-        allowed = "|".join(member.value for member in cls)
-        raise ConfigError("discipline", f"got {value!r}, allowed: {allowed}")
+        return _member(cls, value, "discipline")
+
+
+class LimitUnit(str, enum.Enum):
+    """What the concurrency limit counts."""
+
+    REQUESTS = "requests"
+    """Requests in flight (the default): every request takes one slot."""
+    COST = "cost"
+    """Cost units in flight (rows, tokens): a request takes its cost (one unit when it
+    carries none), for servers whose capacity is memory rather than slots (a GPU's KV
+    cache in tokens). Needs a fixed limit (``fixed:N``, N in cost units)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def parse(cls, value: LimitUnit | str) -> LimitUnit:
+        """A member from itself or its name; :class:`ConfigError` naming the allowed values."""
+        return _member(cls, value, "limit_unit")
 
 
 def _frozen_reserved(reserved: object) -> Mapping[Priority, float]:
@@ -99,6 +127,10 @@ class AdmissionConfig:
             cost: the cost model (:class:`~loadshed.costmodel.CostModel`) to start
             from, e.g. fitted by ``loadshed plan --profile``; None (default) learns it
             from the first successes that carry a cost.
+        limit_unit: what the limit counts: :class:`LimitUnit` or its name,
+            ``requests`` (default) or ``cost`` (in-flight cost <= the limit; a request
+            without a cost counts one unit, and one costing more than the whole limit
+            runs alone). ``cost`` needs a fixed limit: an adaptive one counts requests.
     """
 
     max_queue: int = 1000
@@ -114,6 +146,7 @@ class AdmissionConfig:
     codel_target: float = 0.005
     codel_interval: float = 0.1
     initial_cost_model: tuple[float, float] | None = None
+    limit_unit: LimitUnit = LimitUnit.REQUESTS
 
     def __post_init__(self) -> None:
         def settle(name: str, value: Any) -> None:
@@ -127,6 +160,7 @@ class AdmissionConfig:
             ),
         )
         settle("discipline", Discipline.parse(self.discipline))
+        settle("limit_unit", LimitUnit.parse(self.limit_unit))
         settle("reserved", _frozen_reserved(self.reserved))
         settle(
             "initial_service_time",

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from loadshed.admission import Admission, LimiterListener, LimiterSnapshot, Ticket, Token
 from loadshed.clock import MONOTONIC, Clock
-from loadshed.config import AdmissionConfig, Discipline
+from loadshed.config import AdmissionConfig, Discipline, LimitUnit
 from loadshed.costmodel import check_cost
 from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReason
 from loadshed.limits.base import LimitAlgorithm
@@ -84,6 +84,7 @@ class Limiter:
         adaptive_wait_ceiling: float = DEFAULT_WAIT_CEILING,
         codel_target: float = 0.005,
         codel_interval: float = 0.1,
+        limit_unit: LimitUnit | str = LimitUnit.REQUESTS,
         config: AdmissionConfig | None = None,
     ) -> None:
         from loadshed.limits import make_limit
@@ -113,6 +114,7 @@ class Limiter:
             adaptive_wait_ceiling=adaptive_wait_ceiling,
             codel_target=codel_target,
             codel_interval=codel_interval,
+            limit_unit=limit_unit,
             config=config,
         )
         self.clock = clock
@@ -144,6 +146,11 @@ class Limiter:
     def inflight(self) -> int:
         """Tokens held now."""
         return self.admission.inflight
+
+    @property
+    def inflight_cost(self) -> float:
+        """Cost units held now when the limit counts cost (``limit_unit="cost"``); else 0."""
+        return self.admission.inflight_cost
 
     @property
     def queue_length(self) -> int:

@@ -5,7 +5,8 @@
     # or: metrics.track(limiter); mount metrics.asgi_app() where you like
 
 Exported, labelled by limiter name:
-- ``loadshed_limit``, ``loadshed_inflight``, ``loadshed_queue_length`` (gauges, read at
+- ``loadshed_limit``, ``loadshed_inflight``, ``loadshed_inflight_cost``,
+  ``loadshed_queue_length`` (gauges, read at
   scrape time), ``loadshed_service_time_estimate_seconds``, ``loadshed_patience_seconds``;
 - ``loadshed_limit_headroom``: slots of the limit over the algorithm's estimate, kept
   because they add throughput (``little``'s headroom, :mod:`loadshed.limits.headroom`);
@@ -134,6 +135,13 @@ class _StateCollector(Collector):
                 "loadshed_inflight",
                 "Requests admitted and not yet released.",
                 lambda a: a.inflight,
+                True,
+            ),
+            (
+                "loadshed_inflight_cost",
+                "Cost units admitted and not yet released, when the limit counts cost "
+                "(limit_unit=cost); 0 otherwise.",
+                lambda a: a.inflight_cost,
                 True,
             ),
             (

@@ -28,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from loadshed.clickutil import OneLineCommand, refusal_rate_option
+from loadshed.config import LimitUnit
 from loadshed.limits import LIMIT_SPECS
 from loadshed.pacing import DEFAULT_REFUSAL_PACING
 from loadshed.proxy.app import ProxyApp, create_proxy
@@ -204,6 +205,14 @@ def _to_config(**values: Any) -> ProxyConfig:
     metavar="NAME",
     help="Header carrying a request's cost (rows, tokens): admission then predicts each "
     "request's own service time. 'none' reads no cost.",
+)
+@click.option(
+    "--limit-unit",
+    type=click.Choice([unit.value for unit in LimitUnit]),
+    default=LimitUnit.REQUESTS.value,
+    show_default=True,
+    help="What the limit counts: requests in flight, or the cost units in flight (the "
+    "--cost-header values; needs --limit fixed:N, N in cost units).",
 )
 @click.option(
     "--upstream-timeout",

@@ -9,9 +9,10 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from loadshed.config import AdmissionConfig
+from loadshed.config import AdmissionConfig, LimitUnit
 from loadshed.errors import REFUSAL_STATUSES, ConfigError
 from loadshed.limits import make_limit
+from loadshed.limits.fixed import Fixed
 from loadshed.pacing import DEFAULT_REFUSAL_PACING, RefusalPacing
 from loadshed.waitbound import DEFAULT_WAIT_CEILING
 
@@ -129,6 +130,10 @@ class ProxyConfig:
     - ``cost_header="x-request-cost"``: a request that carries its cost there (rows,
       tokens) is admitted by its own predicted service time (:mod:`loadshed.costmodel`);
       None reads no cost.
+    - ``limit_unit="requests"``: the limit counts requests in flight; ``cost`` makes
+      it count the cost units in flight (the ``cost_header`` values; one for a request
+      without), for upstreams whose capacity is memory (a KV cache's tokens), with a
+      ``fixed:N`` limit in those units.
     - ``grace`` 10 s: on SIGTERM, requests in flight get this long to finish (queued
       ones are answered 503 at once), then the proxy exits.
     """
@@ -144,6 +149,7 @@ class ProxyConfig:
     max_refusal_hold: float = DEFAULT_REFUSAL_PACING.max_hold
     deadline: float | None = None
     cost_header: str | None = "x-request-cost"
+    limit_unit: str = "requests"
     upstream_timeout: float = 30.0
     connect_timeout: float = 2.0
     read_timeout: float = 30.0
@@ -168,9 +174,21 @@ class ProxyConfig:
         if len(set(keys)) != len(keys):
             raise ConfigError("--upstream", f"listed twice: {sorted(keys)}")
         try:
-            make_limit(self.limit)
+            algorithm = make_limit(self.limit)
         except ConfigError as exc:  # name the flag, keep the allowed values
             raise ConfigError("--limit", str(exc).removeprefix("limit: ")) from None
+        try:
+            unit = LimitUnit.parse(self.limit_unit)
+        except ConfigError as exc:
+            raise ConfigError("--limit-unit", str(exc).removeprefix("limit_unit: ")) from None
+        if unit is LimitUnit.COST:
+            if not isinstance(algorithm, Fixed):
+                raise ConfigError(
+                    "--limit-unit",
+                    f"cost needs --limit fixed:N (N in cost units), got {self.limit!r}",
+                )
+            if self.cost_header is None:
+                raise ConfigError("--limit-unit", "cost needs --cost-header (got none)")
         if self.max_queue < 0:
             raise ConfigError("--max-queue", f"must be an integer >= 0, got {self.max_queue}")
         _positive(self.max_queue_wait, "--max-queue-wait")
@@ -220,6 +238,7 @@ class ProxyConfig:
             max_queue=self.max_queue,
             max_queue_wait=self.max_queue_wait,
             adaptive_wait_ceiling=self.wait_ceiling,
+            limit_unit=LimitUnit.parse(self.limit_unit),
         )
 
     @property
