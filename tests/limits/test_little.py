@@ -799,6 +799,35 @@ def test_probes_that_time_clients_out_come_less_often() -> None:
     assert goodput >= 0.93  # 0.908 when every probe came 8 cycles after the last
 
 
+def test_failed_probes_that_cost_nothing_keep_coming_on_one_worker() -> None:
+    # One constant 20 ms worker doubled to two at half a 6 s run, Poisson at 2x, clients
+    # that wait 10 services and send it. Every probe before the change fails; from one
+    # or two slots each failure doubled the interval up to 8 cycles, and the probe that
+    # found the second worker came 2.3 s after it (0.56 of capacity after the change
+    # over seeds 1-4). Those probes cost no drop: they now space out to 4 cycles, as
+    # from more slots (0.72), and only a probe that cost drops goes to 8.
+    shares = []
+    for seed in (1, 2, 3, 4):
+        result = run_capacity_change(
+            limiter=LimiterConfig("little"),
+            workers=1,
+            workers_to=2,
+            service_time=0.02,
+            change_to=0.02,
+            dist="constant",
+            rate=100.0,
+            arrivals="poisson",
+            client_workers=0,
+            timeout=0.2,
+            origin_queue=None,
+            duration=6.0,
+            seed=seed,
+        )
+        after = next(step for step in result["steps"] if step["phase"] == "after")
+        shares.append(after["goodput_ratio"])
+    assert sum(shares) / len(shares) >= 0.68, shares
+
+
 @pytest.mark.parametrize(("sigma", "floor"), [(0.5, 0.7), (0.05, 0.85)])
 def test_workers_that_double_under_bursts_are_found(sigma: float, floor: float) -> None:
     # 4 log-normal workers of 500 ms, bursts at 4x capacity, clients that wait 2

@@ -45,7 +45,7 @@ _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut n
 _PROBE_SUCCESS = 0.5  # share of the expected rate gain a probe must show to go on
 _PROBE_COSTLY = 0.5  # share of a probe's requests dropped (twice cruise's) that was costly
 _PROBE_FAILED_LONGEST = 4  # x cycle_rounds: the longest interval after failed probes
-_PROBE_FAILED_LONGEST_FEW = 8  # ... with a base of _PROBE_FEW_SLOTS or fewer
+_PROBE_FAILED_LONGEST_FEW = 8  # ... with a base of _PROBE_FEW_SLOTS or fewer, if it cost
 _PROBE_FEW_SLOTS = 2  # where one slot more adds half a service or more to each request
 _BACKOFF_EVIDENCE = 3  # start-up's requests before "most dropped" backs off (spread unsure)
 _PROBE_COSTLY_LONGEST = 32  # x cycle_rounds: the longest interval after costly probes
@@ -222,6 +222,7 @@ class Little(LimitAlgorithm):
         self._since_probe_ended = 0
         self._since_probe_drops = 0
         self._probe_cost_charged = False
+        self._probe_few_failed = False  # a failed probe from few slots, its cost not judged
         self._cruise_rate = 0.0  # the last cruise round's rate, to judge the drain
         self._cruise_limit = 0
         self._ceiling: int | None = None  # set when a drain showed the last slot idle
@@ -1340,10 +1341,9 @@ class Little(LimitAlgorithm):
             # more, so those keep 8 cycles (and a probe that cost clients their
             # patience spaces the next one out further, _probe_was_costly).
             if not self._variable:  # a probe fails by chance when the rate is noisy
-                few = self._probe_base_limit <= _PROBE_FEW_SLOTS
-                cycles = _PROBE_FAILED_LONGEST_FEW if few else _PROBE_FAILED_LONGEST
-                longer = min(self._probe_interval * 2, cycles * self.cycle_rounds)
+                longer = min(self._probe_interval * 2, _PROBE_FAILED_LONGEST * self.cycle_rounds)
                 self._probe_interval = max(self._probe_interval, longer)
+                self._probe_few_failed = self._probe_base_limit <= _PROBE_FEW_SLOTS
             self._enter_drain()
 
     def _slots(self, estimate: float) -> int:
@@ -1530,6 +1530,19 @@ class Little(LimitAlgorithm):
         share = self._probe_drops / self._probe_ended
         rest = self._since_probe_ended - self._probe_ended
         rest_share = (self._since_probe_drops - self._probe_drops) / rest if rest > 0 else 0.0
+        if self._probe_few_failed:
+            # A failed probe from one or two slots that cost drops over cruise's share
+            # spaces out up to 8 cycles, not 4: its queue added half a service or more
+            # to each request. One that cost nothing keeps 4 (one constant 20 ms worker
+            # doubling, clients that wait 10 services: at 8 the probe that found the
+            # second worker came 2.3 s, 115 services, after it).
+            self._probe_few_failed = False
+            if share > rest_share:
+                longest = _PROBE_FAILED_LONGEST_FEW * self.cycle_rounds
+                longer = min(self._probe_interval * 2, longest)
+                self._probe_interval = max(self._probe_interval, longer)
+                if self._cruise_rounds < self._probe_interval:
+                    return True
         if share <= _PROBE_COSTLY or share <= 2 * rest_share:
             return False
         self._probe_cost_charged = True
