@@ -799,6 +799,29 @@ def test_probes_that_time_clients_out_come_less_often() -> None:
     assert goodput >= 0.93  # 0.908 when every probe came 8 cycles after the last
 
 
+def test_a_limit_filled_by_requests_admitted_together_counts_as_saturated() -> None:
+    # 8 constant workers of 1 s, bursts of 8 at 4x capacity, clients that wait 2 s and
+    # send no deadline. Start-up settled at 4 slots; its 4 requests were admitted at one
+    # instant and ended at one instant, in the order admitted, so a round (ended when
+    # half the slots turned over) held the two admitted at 1 and 2 in flight, and the
+    # two at the limit fell before the next round's start. Every round read as
+    # app-limited: no cruise round was counted, no probe came, and the limit stayed at
+    # half the workers (0.54 of capacity; doubled to 16 workers mid-run, it stayed there
+    # for 230 s). A success that completes in a constant-service cruise round after
+    # being admitted at the limit now marks the round saturated (0.89).
+    share = open_loop_share(
+        workers=8,
+        service=1.0,
+        load=4.0,
+        seed=1,
+        arrivals="bursts",
+        dist="constant",
+        timeout=2.0,
+        deadlines=False,
+    )
+    assert share >= 0.8
+
+
 def test_failed_probes_that_cost_nothing_keep_coming_on_one_worker() -> None:
     # One constant 20 ms worker doubled to two at half a 6 s run, Poisson at 2x, clients
     # that wait 10 services and send it. Every probe before the change fails; from one

@@ -51,6 +51,7 @@ _BACKOFF_EVIDENCE = 3  # start-up's requests before "most dropped" backs off (sp
 _PROBE_COSTLY_LONGEST = 32  # x cycle_rounds: the longest interval after costly probes
 _DRAIN_UNCHANGED = 0.95  # drain latency at least this x the round before: slower service
 _MIN_INTERVAL = 1e-6  # seconds: the shortest latency a delivery rate divides by
+_SAME_INSTANT = 1e-9  # seconds: completions this close to a round's start ended with it
 _RATE_BOUND_SLACK = 2.0  # a round's rate at most this x Little's bound (noise allowed)
 # Widely varying service times (see "Variable service" in the module docstring).
 _VARIABLE_ON = 0.15  # within-level coefficient of variation that turns means on
@@ -471,6 +472,20 @@ class Little(LimitAlgorithm):
                     self._round_own_rate = judged_rate
                 if sample.inflight >= self._limit:
                     self._round_saturated = True
+            elif (
+                not dropped
+                and not self._variable
+                and sample.inflight >= self._limit
+                and self._state is _State.CRUISE
+                and now - self._round_start <= _SAME_INSTANT
+            ):
+                # Constant service: requests admitted at one instant end at one instant
+                # in the order admitted, and the round that half of them ended closed
+                # before those admitted at the limit were seen. Ending at its start,
+                # they show this round's demand filled the limit too (8 constant
+                # workers under bursts: every round read app-limited at 4 slots and
+                # no probe came, 0.54 of capacity).
+                self._round_saturated = True
         turned_over = self._round_successes + self._round_drops
         if (
             2 * turned_over >= self._limit
