@@ -1353,11 +1353,10 @@ class Little(LimitAlgorithm):
             # nearly constant workers doubled to 8: 0.78 of capacity with probes up to
             # 8 cycles apart, 0.89 with 4). A failed probe's queue adds extra / base
             # of a service to each request: with one or two slots half a service or
-            # more, so those keep 8 cycles (and a probe that cost clients their
-            # patience spaces the next one out further, _probe_was_costly).
+            # more, so there one that cost drops spaces out to 8 cycles (and a probe
+            # that cost clients their patience further still; both _probe_was_costly).
             if not self._variable:  # a probe fails by chance when the rate is noisy
-                longer = min(self._probe_interval * 2, _PROBE_FAILED_LONGEST * self.cycle_rounds)
-                self._probe_interval = max(self._probe_interval, longer)
+                self._space_probes(_PROBE_FAILED_LONGEST)
                 self._probe_few_failed = self._probe_base_limit <= _PROBE_FEW_SLOTS
             self._enter_drain()
 
@@ -1553,17 +1552,21 @@ class Little(LimitAlgorithm):
             # second worker came 2.3 s, 115 services, after it).
             self._probe_few_failed = False
             if share > rest_share:
-                longest = _PROBE_FAILED_LONGEST_FEW * self.cycle_rounds
-                longer = min(self._probe_interval * 2, longest)
-                self._probe_interval = max(self._probe_interval, longer)
+                self._space_probes(_PROBE_FAILED_LONGEST_FEW)
                 if self._cruise_rounds < self._probe_interval:
                     return True
         if share <= _PROBE_COSTLY or share <= 2 * rest_share:
             return False
         self._probe_cost_charged = True
-        longest = _PROBE_COSTLY_LONGEST * self.cycle_rounds
-        self._probe_interval = max(self._probe_interval, min(2 * self._probe_interval, longest))
+        self._space_probes(_PROBE_COSTLY_LONGEST)
         return self._cruise_rounds < self._probe_interval
+
+    def _space_probes(self, longest_cycles: int) -> None:
+        """Double the cruise rounds before the next probe, up to ``longest_cycles``
+        cycles (never shortening an interval already longer)."""
+        longer = min(2 * self._probe_interval, longest_cycles * self.cycle_rounds)
+        if longer > self._probe_interval:
+            self._probe_interval = longer
 
     def _enter_drain(self) -> None:
         self._drain_from = self._state
