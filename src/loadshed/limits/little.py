@@ -693,7 +693,10 @@ class Little(LimitAlgorithm):
         elif not measuring:
             return  # app-limited: nothing learned about capacity
         elif self._state is _State.PROBE:
-            self._probe_round(own_rate, overloaded, bdp)
+            # Overtakes show the probe's slots all served at once (a lower bound on
+            # the workers, loadshed.limits.overtake) while no queue shows in latency.
+            parallel = variable and not queue_formed and round_bound[0] >= self._limit
+            self._probe_round(own_rate, overloaded, bdp, parallel)
         else:
             self._cruise_round(rate, own_rate, queue_formed, overloaded, top_drops, bdp)
 
@@ -1324,7 +1327,7 @@ class Little(LimitAlgorithm):
         found 16 and cruise took the limit to 9 for 17 s."""
         self._floor = min(self._limit, most_in_flight)
 
-    def _probe_round(self, rate: float, dropped: bool, bdp: float) -> None:
+    def _probe_round(self, rate: float, dropped: bool, bdp: float, parallel: bool) -> None:
         if self._variable and self._edge_workers(bdp) is not None:
             # The edge knows the workers: a slot more for a round lets requests show
             # more (past the edge, loadshed.limits.overtake); a noisy rate would not.
@@ -1336,7 +1339,11 @@ class Little(LimitAlgorithm):
         # slot: nothing it measured can pass, however fast the round (left to pass, it
         # stepped up from there, doubling: one 50 ms worker behind 64 clients that leave
         # after 100 ms went 1, 3, 5, 9, ..., 65 slots).
-        if extra > 0 and not dropped and rate >= self._probe_base_rate + _PROBE_SUCCESS * expected:
+        if (
+            extra > 0
+            and not dropped
+            and (parallel or rate >= self._probe_base_rate + _PROBE_SUCCESS * expected)
+        ):
             # The extra slots were used: there is more capacity. Probe further.
             self._ceiling = None
             if self._variable:
