@@ -259,8 +259,10 @@ def open_loop_share(
     dist: str = "exponential",
     sigma: float = 0.5,
     duration: float | None = None,
+    limit: str = "little",
 ) -> float:
-    """Goodput over capacity (per phase) of ``little`` in the robustness matrix's setup:
+    """Goodput over capacity (per phase) of ``limit`` (``little``, or ``fixed:N``) in the
+    robustness matrix's setup:
     ``dist`` service (exponential unless given), ``arrivals`` (Poisson, or bursts of
     ``workers``) at ``load`` x capacity, unbounded origin queue, client timeout
     ``timeout`` mean service times, for ``duration`` seconds (by default 300 service
@@ -268,8 +270,9 @@ def open_loop_share(
     rate = load * workers / service
     if duration is None:
         duration = max(100 * service, min(300 * service, 30_000 / rate))
+    name, _, value = limit.partition(":")
     result = run_capacity_change(
-        limiter=LimiterConfig("little"),
+        limiter=LimiterConfig(name, limit_value=int(value) if value else None),
         workers=workers,
         service_time=service,
         change_to=2 * service if slower else service,
@@ -963,24 +966,16 @@ def test_a_probe_whose_slots_requests_overtake_passes_on_few_workers() -> None:
     # service at once (a lower bound on the workers), and passes while its latency
     # shows no queue: 0.85.
     def served(limit: str) -> float:
-        name, _, value = limit.partition(":")
-        result = run_capacity_change(
-            limiter=LimiterConfig(name, limit_value=int(value) if value else None),
+        return open_loop_share(
             workers=4,
-            service_time=0.2,
-            change_to=0.2,
-            dist="exponential",
-            rate=40.0,
-            arrivals="bursts",
-            burst_size=4,
-            client_workers=0,
-            timeout=0.4,
-            send_deadline=False,
-            origin_queue=None,
-            duration=60.0,
+            service=0.2,
+            load=2.0,
             seed=2,
+            deadlines=False,
+            arrivals="bursts",
+            timeout=2.0,
+            limit=limit,
         )
-        return sum(step["goodput_rps"] for step in result["steps"])
 
     share = served("little") / served("fixed:4")
     assert share >= 0.75, share
