@@ -737,6 +737,36 @@ def main_table(
     return lines
 
 
+def ratio_table(steps: list[dict[str, Any]], driver: str) -> list[str]:
+    """Protected over unprotected per load: successes per second, and successes per
+    second of the model's own time (200/s x mean time per call: the share of the worker's
+    time that went into successes). The model's time per call moves by 10 to 30 % from
+    step to step on a shared machine, and the first ratio moves with it; the second does
+    not, unless the protection itself slows the model (which the CPU share shows)."""
+    rows: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    for step in steps:
+        if step["driver"] == driver:
+            rows.setdefault((load_label(step), step["tree"]), {})[step["variant"]] = step
+    lines = [
+        "| load | code | 200/s: protected / unprotected | ms per call: protected / unprotected "
+        "| ratio | ratio per model time |",
+        "| ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for (label, tree), by_variant in rows.items():
+        protected, unprotected = by_variant.get("protected"), by_variant.get("unprotected")
+        if protected is None or unprotected is None:
+            continue
+        ok_p, ok_u = protected["run"]["ok_rps"], unprotected["run"]["ok_rps"]
+        ms_p, ms_u = protected["split"].get("predict_ms"), unprotected["split"].get("predict_ms")
+        ratio = f"{ok_p / ok_u:.3f}" if ok_u else "-"
+        per_time = f"{ok_p * ms_p / (ok_u * ms_u):.3f}" if ok_u and ms_p and ms_u else "-"
+        lines.append(
+            f"| {label} | {tree} | {ok_p:.1f} / {ok_u:.1f} | {_pair(ms_p, ms_u)} | {ratio} "
+            f"| {per_time} |"
+        )
+    return lines
+
+
 def split_table(steps: list[dict[str, Any]], driver: str) -> list[str]:
     """Where the time goes, one row per step."""
     hey = driver == "hey"
@@ -829,6 +859,8 @@ def render(
         commands = [s["run"]["command"] for s in steps if s["driver"] == driver]
         lines += [f"First step: `{commands[0]}`", ""]
         lines += main_table(steps, driver, capacity)
+        lines += ["", f"**Protected over unprotected ({caption.split(',')[0]})**", ""]
+        lines += ratio_table(steps, driver)
         lines += ["", f"**Where the time goes ({caption.split(',')[0]})**", ""]
         lines += split_table(steps, driver)
         lines.append("")
@@ -850,6 +882,37 @@ def render(
 
 
 # ----------------------------------------------------------------------------- main
+
+
+def render_saved(parser: argparse.ArgumentParser, path: Path, out: Path | None) -> int:
+    """Write the markdown of a run saved with ``--json`` (its step settings read back
+    from the command it records)."""
+    try:
+        saved = json.loads(path.read_text())
+        recorded = parser.parse_args(shlex.split(saved["command"])[2:])
+        settings = Settings(
+            parse_duration(recorded.duration, "--duration"),
+            parse_duration(recorded.warmup, "--warmup"),
+            parse_duration(recorded.timeout, "--timeout"),
+            saved["calibration"],
+            path.parent,
+        )
+        text = render(
+            saved["command"],
+            saved["calibration"],
+            settings,
+            saved["steps"],
+            saved["capacity"],
+            saved["notes"],
+            saved["machine"],
+        )
+    except (OSError, ValueError, KeyError, ConfigError) as error:
+        parser.error(f"--render {path}: {error}")
+    if out is None:
+        print(text, end="")
+    else:
+        out.write_text(text)
+    return 0
 
 
 def add_shared_arguments(parser: argparse.ArgumentParser) -> None:
@@ -926,7 +989,15 @@ def main() -> int:
         "--drivers", default="hey,loadshed", help="hey, loadshed, or both (hey,loadshed)"
     )
     add_shared_arguments(parser)
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="write the markdown of a saved --json run (to --out, or stdout) and exit",
+    )
     args = parser.parse_args()
+    if args.render is not None:
+        return render_saved(parser, args.render, args.out)
     try:
         counts = parse_int_list(args.clients, "--clients")
         duration = parse_duration(args.duration, "--duration")
