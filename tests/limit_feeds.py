@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import heapq
 import math
+import random
 from collections.abc import Callable
 
 from loadshed.limits.base import Sample
@@ -48,3 +50,50 @@ def feed_fifo_origin(
         if after_update is not None:
             after_update(before)
     return now
+
+
+def varied_fifo_limits(
+    little: Little, *, workers: int, seed: int, completions: int, batch: int = 1
+) -> list[int]:
+    """Drive ``little`` with a saturated origin of ``workers`` workers serving in the
+    order admitted, exponential service of 200 ms (seeded), and return its limit after
+    each completion. ``batch`` > 1: one worker that serves up to ``batch`` waiting
+    requests at once and ends them together, in the order admitted (a batching model
+    server); ``workers`` is then ignored."""
+    rng = random.Random(seed)
+    worker_free = [0.0] * (1 if batch > 1 else workers)
+    inflight: list[tuple[float, int, float, int]] = []  # (end, order, admitted, level)
+    waiting: list[tuple[int, float, int]] = []  # a batching worker's queue
+    order = 0
+    limits: list[int] = []
+    now = 0.0
+    while len(limits) < completions:
+        while len(inflight) + len(waiting) < little.limit:
+            order += 1
+            level = len(inflight) + len(waiting) + 1
+            if batch > 1:
+                waiting.append((order, now, level))
+                continue
+            start = max(now, min(worker_free))
+            worker = worker_free.index(min(worker_free))
+            worker_free[worker] = start + rng.expovariate(1 / 0.2)
+            heapq.heappush(inflight, (worker_free[worker], order, now, level))
+        if batch > 1 and waiting and worker_free[0] <= now:
+            end = now + rng.expovariate(1 / 0.2)
+            worker_free[0] = end
+            for request in waiting[:batch]:
+                heapq.heappush(inflight, (end, *request))
+            del waiting[:batch]
+        if not inflight:
+            now = worker_free[0]
+            continue
+        end, _, admitted, level = heapq.heappop(inflight)
+        now = end
+        little.update(Sample(rtt=end - admitted, inflight=level, dropped=False, now=now, queued=5))
+        limits.append(little.limit)
+        while batch > 1 and inflight and inflight[0][0] == end:
+            # The rest of the batch ends at the same instant, before any admission.
+            _, _, admitted, level = heapq.heappop(inflight)
+            little.update(Sample(rtt=end - admitted, inflight=level, dropped=False, now=now))
+            limits.append(little.limit)
+    return limits[:completions]

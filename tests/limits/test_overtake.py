@@ -22,10 +22,12 @@ def drive(
     in_order: bool = True,
     seed: int = 1,
     start: float = 0.0,
+    count: bool = True,
 ) -> float:
     """Keep ``inflight`` requests at a server of ``workers`` (a new one admitted as each
     ends) for ``requests`` completions; ``in_order``: first come, first served, else
-    a random waiting request gets the next free worker. Returns the time of the last."""
+    a random waiting request gets the next free worker; ``count``: passed to
+    ``record``. Returns the time of the last."""
     rng = random.Random(seed)
     now = start
     waiting: list[tuple[float, int]] = []  # (admitted, level)
@@ -47,7 +49,7 @@ def drive(
     while count < requests:
         ends, admitted, level = heapq.heappop(running)
         now = ends
-        edge.record(now, now - admitted, level, dropped=False)
+        edge.record(now, now - admitted, level, dropped=False, count=count)
         count += 1
         admit(inflight)  # refilled at once: the new one finds the others in flight
         dispatch()
@@ -139,3 +141,26 @@ def test_a_dropped_request_never_counts_itself() -> None:
         now = 1.0 + level * 1e-3
         edge.record(now, now - admitted[level - 1], level, dropped=False)
     assert edge.at_least == 1
+    assert not edge.overtook  # timed out first, they never counted as overtaking
+
+
+@pytest.mark.parametrize("count", [True, False])
+def test_overtook_tells_one_worker_from_several_whether_counting_or_not(count: bool) -> None:
+    # One worker serving in order: nobody overtakes, whatever the spread.
+    one = OvertakeEdge()
+    drive(one, workers=1, inflight=4, requests=500, service=exponential(0.1), count=count)
+    assert not one.overtook
+    two = OvertakeEdge()
+    drive(two, workers=2, inflight=4, requests=50, service=exponential(0.1), count=count)
+    assert two.overtook
+    two.clear()
+    assert two.overtook  # kept: it says what the server has shown, not the histogram
+
+
+def test_the_first_release_of_all_overtakes_those_admitted_before_it() -> None:
+    edge = OvertakeEdge()
+    edge.record(0.3, 0.3, 2, dropped=False, count=False)  # admitted second, ended first
+    assert edge.overtook
+    alone = OvertakeEdge()
+    alone.record(0.3, 0.3, 1, dropped=False, count=False)
+    assert not alone.overtook

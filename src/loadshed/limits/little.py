@@ -39,6 +39,11 @@ __all__ = ["Little"]
 _STARTUP_GAIN = 2.0
 _STARTUP_GROWTH = 1.25
 _STARTUP_STALL_ROUNDS = 3
+# Start-up takes the server for one worker serving in order after this many successes
+# admitted beside another request, none of which overtook another or ended at about
+# the same instant as the one before (_TOGETHER x the shortest latency).
+_IN_ORDER_EVIDENCE = 4
+_TOGETHER = 0.01
 _STARTUP_SATURATED = 0.8  # a round's completions under this x its slots' share: saturated
 _QUEUE_RISE = 1.5  # round latency over this x the minimum: requests queued somewhere
 _SAMPLE_QUEUE_RISE = 2.0  # one request's latency over this x the minimum: cut now
@@ -207,6 +212,12 @@ class Little(LimitAlgorithm):
         self._startup_confirming = False  # a round read saturated: one more to confirm
         self._startup_knee_seen = False  # the last round's fit put the knee under half
         self._startup_bound = 0  # the last start-up round's overtake bound
+        # What start-up knows of a server of one worker (see _serves_in_order).
+        self._in_order_successes = 0
+        self._together = False  # two successes ended at about the same instant
+        self._last_success_at = -math.inf
+        self._latency_low = math.inf  # the shortest and longest latency among them
+        self._latency_high = 0.0
         self._cruise_rounds = 0
         self._probe_interval = cycle_rounds
         self._probe_step = 1
@@ -381,6 +392,8 @@ class Little(LimitAlgorithm):
             self._probe_drops += sample.dropped
         if self._round_start is None:
             self._round_start = now - rtt - 1e-9  # the first round starts with the first request
+        if not sample.dropped and not self._together and not self._overtakes.overtook:
+            self._note_in_order(now, rtt, sample.inflight)
         # Only requests admitted during this round show the effect of its limit.
         in_round = now - rtt > self._round_start
         self._round_ended += 1
@@ -1057,7 +1070,12 @@ class Little(LimitAlgorithm):
             self._startup_knee_seen = False
             self._ceiling = None
             self._cut_threshold = math.inf  # one slow request is the tail, not a queue
-            self._limit = self._clamp(_STARTUP_GAIN * self._limit)
+            if self._serves_in_order():
+                # One worker, as far as anything shows: cruise at this limit.
+                self._state = _State.CRUISE
+                self._cruise_rounds = 0
+            else:
+                self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         elif self._variable and cv < _VARIABLE_OFF:
             self._variable = False
             self._floor = 0
@@ -1218,9 +1236,11 @@ class Little(LimitAlgorithm):
             self._startup_best_rate = rate
             self._startup_stalls = 0
             limit = math.ceil(_STARTUP_GAIN * rate * self._latency_min)
-            if limit < self._limit and self._spread_uncertain():
+            if self._spread_uncertain() and (limit < self._limit or self._serves_in_order()):
                 # The rate grew, so the slots did work; a lower estimate is a minimum
                 # latency taken from one short request of a spread not yet known.
+                # Latencies that vary while every request ends in the order admitted
+                # look like one worker (or a queue): no growth until the spread is known.
                 limit = self._limit
             self._limit = self._clamp(limit)
             return
@@ -1252,6 +1272,12 @@ class Little(LimitAlgorithm):
             self._startup_stalls += 1
             if self._startup_stalls >= _STARTUP_STALL_ROUNDS and self.estimate() > 0:
                 self._enter_drain()
+            return
+        if self._serves_in_order():
+            # Many requests and none overtook another, though their latencies vary:
+            # one worker serving in order. More slots would only queue at it.
+            self._state = _State.CRUISE
+            self._cruise_rounds = 0
             return
         knee, bdp = self._knee, self.estimate()
         if knee is not None and round_limit >= _STARTUP_GAIN * knee and bdp > 0:
@@ -1316,6 +1342,39 @@ class Little(LimitAlgorithm):
         self._startup_stalls = 0
         self._startup_confirming = False
         self._limit = self._clamp(math.ceil(_STARTUP_GAIN * round_limit))
+
+    def _note_in_order(self, now: float, rtt: float, inflight: int) -> None:
+        """A success while no request has overtaken another: evidence for or against
+        a server of one worker (:meth:`_serves_in_order`)."""
+        if now - self._last_success_at < _TOGETHER * self._latency_low:
+            # Two successes at about one instant: served side by side (a batch), not
+            # one after the other.
+            self._together = True
+            return
+        self._last_success_at = now
+        if inflight > 1:  # (admitted alone, it had nobody to overtake: no evidence)
+            self._in_order_successes += 1
+        if rtt < self._latency_low:
+            self._latency_low = rtt
+        if rtt > self._latency_high:
+            self._latency_high = rtt
+
+    def _serves_in_order(self) -> bool:
+        """Whether start-up's requests look served by one worker in order: enough of
+        them ended beside another request, none overtook another
+        (:attr:`OvertakeEdge.overtook`) and none ended with the one before, though
+        their latencies vary by more than a queue rise. With two workers or more and
+        varying service times a short request soon overtakes a long one; with
+        constant service the spread is known at once and minima judge (and nothing
+        overtakes there). More slots would only queue at the one worker: start-up
+        stops growing (exponential service on one worker doubled to 4 to 8 slots,
+        each request then waiting 3 to 7 services, most past their clients' patience)."""
+        return (
+            self._in_order_successes >= _IN_ORDER_EVIDENCE
+            and not self._together
+            and not self._overtakes.overtook
+            and self._latency_high > _QUEUE_RISE * self._latency_low
+        )
 
     def _hold_startup_verdict(self, most_in_flight: int) -> None:
         """Hold the workers variable start-up found (up to the most requests it had in

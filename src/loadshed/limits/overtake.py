@@ -73,6 +73,9 @@ class OvertakeEdge:
         # The two most overtaken since the last take_round_bound(), and how many counted.
         self._round_top = [-1, -1]
         self._round_count = 0
+        self.overtook = False
+        """Whether any request has overtaken another so far (kept by :meth:`clear`):
+        while not, the server may have one worker. Counted even with ``count=False``."""
 
     def record(
         self, now: float, rtt: float, inflight: int, dropped: bool, *, count: bool = True
@@ -87,7 +90,7 @@ class OvertakeEdge:
         key = (admitted, inflight)  # at one instant, the one admitted first found fewer
         start = self._start
         if (
-            count
+            (count or not self.overtook)
             and not dropped
             and inflight > 1
             and rtt > 0
@@ -101,8 +104,13 @@ class OvertakeEdge:
             if bisect.bisect_left(order, key, lo=start, hi=after) == after:
                 # (Another admitted at the same instant and level: order unknown.)
                 overtaken = inflight - 1 - (during - (len(order) - after))
-                if overtaken >= 0:
+                if overtaken > 0:
+                    self.overtook = True
+                if overtaken >= 0 and count:
                     self._add(overtaken, inflight)
+        elif not released and inflight > 1 and not dropped:
+            # The first release of all: every request admitted before it is in flight.
+            self.overtook = True
         released.append(now)
         bisect.insort(order, key, lo=start)  # near the end: admissions are nearly in order
         if len(released) - start > _HISTORY:
