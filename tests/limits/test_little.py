@@ -998,3 +998,15 @@ def test_start_up_still_grows_on_several_workers_or_a_batching_one(seed: int) ->
     assert max(varied_fifo_limits(Little(), workers=4, seed=seed, completions=40)) >= 8
     batched = varied_fifo_limits(Little(), workers=1, seed=seed, completions=80, batch=8)
     assert max(batched) >= 8
+
+
+def test_a_back_off_stops_at_the_workers_that_overtakes_show() -> None:
+    # Two exponential workers under bursts at 2x, clients that leave after 2 services
+    # and send no deadline: requests that waited for a slot drop, "most dropped" backs
+    # the limit off, and with no overtake edge (its histogram not yet level) it went
+    # to 1 slot, where every request waits for one worker: 0.59 of capacity (`fixed:2`
+    # 0.76). Requests that overtook one other show 2 workers at least: the floor.
+    share = open_loop_share(
+        workers=2, service=0.2, load=2.0, seed=1, deadlines=False, arrivals="bursts", timeout=2.0
+    )
+    assert share >= 0.65

@@ -832,6 +832,17 @@ class Little(LimitAlgorithm):
             # it off again (4 exponential workers under bursts at 2x, clients that
             # wait 2 services: backed off to 2 slots, 0.66 of `fixed:4`; 0.97 now).
             edge = self._edge_workers(bdp) if self._variable else None
+            if edge is None and self._variable:
+                # No edge yet (its histogram not level): the workers the latest
+                # requests show at least, by the second most any of them overtook + 1,
+                # unless over the estimate (a server that does not serve in order lets
+                # requests overtake as many as are in flight; the back-off must still
+                # reach the estimate there). 2 exponential workers under bursts,
+                # clients that leave after 2 services: backed off to 1 slot, 0.59 of
+                # capacity; 0.70 now.
+                at_least = self._overtakes.at_least
+                if at_least <= self._slots(bdp):
+                    edge = at_least
             if edge is not None and backed_off < edge:
                 backed_off = edge
             if self._state is _State.STARTUP:
