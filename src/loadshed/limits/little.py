@@ -835,13 +835,14 @@ class Little(LimitAlgorithm):
             if edge is None and self._variable:
                 # No edge yet (its histogram not level): the workers the latest
                 # requests show at least, by the second most any of them overtook + 1,
-                # unless over the estimate (a server that does not serve in order lets
-                # requests overtake as many as are in flight; the back-off must still
-                # reach the estimate there). 2 exponential workers under bursts,
-                # clients that leave after 2 services: backed off to 1 slot, 0.59 of
-                # capacity; 0.70 now.
-                at_least = self._overtakes.at_least
-                if at_least <= self._slots(bdp):
+                # if that is under the most they had in flight (they overtook fewer
+                # than they could: workers, not a server that lets every request pass
+                # every other) or not over the estimate. 2 exponential workers under
+                # bursts, clients that leave after 2 services: backed off to 1 slot,
+                # 0.59 of capacity; 0.70 now.
+                overtakes = self._overtakes
+                at_least = overtakes.at_least
+                if at_least < overtakes.recent_level or at_least <= self._slots(bdp):
                     edge = at_least
             if edge is not None and backed_off < edge:
                 backed_off = edge

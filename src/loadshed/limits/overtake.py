@@ -200,6 +200,13 @@ class OvertakeEdge:
         recent = self._recent
         return heapq.nlargest(2, recent)[1] + 1 if len(recent) >= 2 else 0
 
+    @property
+    def recent_level(self) -> int:
+        """The most requests in flight at admission among the latest (0: none yet): a
+        server of ``W`` workers that serves in order keeps :attr:`at_least` at ``W`` or
+        under whatever this is; one that lets every request pass every other does not."""
+        return self._recent_level
+
     def take_round_bound(self) -> tuple[int, int]:
         """The lower bound (as ``at_least``) over the requests counted since the last
         call, and how many counted; starts the next round."""
