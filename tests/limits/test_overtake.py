@@ -164,3 +164,16 @@ def test_the_first_release_of_all_overtakes_those_admitted_before_it() -> None:
     alone = OvertakeEdge()
     alone.record(0.3, 0.3, 1, dropped=False, count=False)
     assert not alone.overtook
+
+
+def test_at_least_stays_under_the_level_in_flight_only_at_a_server_that_serves_in_order() -> None:
+    # 2 workers behind 6 requests in flight: in order, the latest overtook at most one
+    # other (at least 2 workers, under the 6 in flight: a worker bound); served in random
+    # order, a request can pass every other in flight, and the bound says nothing
+    # (little's back-off floor then needs the estimate's agreement).
+    fifo = OvertakeEdge()
+    drive(fifo, workers=2, inflight=6, requests=400, service=exponential(0.1))
+    assert fifo.at_least == 2 < fifo.recent_level == 6
+    shuffled = OvertakeEdge()
+    drive(shuffled, workers=2, inflight=6, requests=400, service=exponential(0.1), in_order=False)
+    assert shuffled.at_least == shuffled.recent_level == 6
