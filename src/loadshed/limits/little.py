@@ -847,8 +847,7 @@ class Little(LimitAlgorithm):
             if edge is not None and backed_off < edge:
                 backed_off = edge
             if self._state is _State.STARTUP:
-                self._state = _State.CRUISE
-                self._cruise_rounds = 0
+                self._cruise_here()
         self._limit = self._clamp(backed_off)
         if successes:
             # (A round of only drops is a capacity change's transient: the clients'
@@ -1084,8 +1083,7 @@ class Little(LimitAlgorithm):
             self._cut_threshold = math.inf  # one slow request is the tail, not a queue
             if self._serves_in_order():
                 # One worker, as far as anything shows: cruise at this limit.
-                self._state = _State.CRUISE
-                self._cruise_rounds = 0
+                self._cruise_here()
             else:
                 self._limit = self._clamp(_STARTUP_GAIN * self._limit)
         elif self._variable and cv < _VARIABLE_OFF:
@@ -1288,8 +1286,7 @@ class Little(LimitAlgorithm):
         if self._serves_in_order():
             # Many requests and none overtook another, though their latencies vary:
             # one worker serving in order. More slots would only queue at it.
-            self._state = _State.CRUISE
-            self._cruise_rounds = 0
+            self._cruise_here()
             return
         knee, bdp = self._knee, self.estimate()
         if knee is not None and round_limit >= _STARTUP_GAIN * knee and bdp > 0:
@@ -1317,8 +1314,7 @@ class Little(LimitAlgorithm):
             # few completions cannot show it in their rate before 4 x the workers.
             # At least the slots of the round before (with a heavy tail, the most
             # overtaken grows slower than the requests in flight).
-            self._state = _State.CRUISE
-            self._cruise_rounds = 0
+            self._cruise_here()
             self._limit = self._clamp(max(bound + 1, math.ceil(round_limit / _STARTUP_GAIN)))
             self._hold_startup_verdict(most_in_flight)
             return
@@ -1343,8 +1339,7 @@ class Little(LimitAlgorithm):
             if saturated:
                 # At least the slots of the round before, which all served.
                 workers = max(round_limit * ended / expected, round_limit / _STARTUP_GAIN)
-                self._state = _State.CRUISE
-                self._cruise_rounds = 0
+                self._cruise_here()
                 self._limit = self._clamp(math.ceil(workers))
                 self._hold_startup_verdict(most_in_flight)
                 return
@@ -1655,6 +1650,10 @@ class Little(LimitAlgorithm):
             self._limit = self._clamp(max(1, min(base - 1, math.ceil(self.drain_gain * base))))
 
     def _enter_cruise(self, bdp: float) -> None:
+        self._cruise_here()
+        self._limit = self._clamp(self._base(bdp))
+
+    def _cruise_here(self) -> None:
+        """Cruise from the next round at the limit as it is."""
         self._state = _State.CRUISE
         self._cruise_rounds = 0
-        self._limit = self._clamp(self._base(bdp))
