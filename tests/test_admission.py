@@ -137,9 +137,14 @@ def test_vacate_hands_the_slot_on_and_release_still_records_the_outcome() -> Non
     assert first.vacated and not first.released
     assert [label for label, _ in rec.granted] == ["b"] and adm.inflight == 1
     assert rec.submit(adm, "c").queued  # type: ignore[union-attr]  # b holds the slot
+    vacated_at = clock.now()
     clock.advance(0.05)
-    first.success()  # the sample covers admission to release, as without vacate
-    assert [s.rtt for s in algorithm.samples] == [pytest.approx(0.25)]
+    first.success()
+    # The algorithm's sample is the slot's time, admission to vacate (b was admitted
+    # at that instant and must not see a's completion as one during its own life);
+    # the service time learned for deadlines runs to the release.
+    assert [(s.rtt, s.now) for s in algorithm.samples] == [(pytest.approx(0.2), vacated_at)]
+    assert adm.service.mean == pytest.approx(0.25)
     assert adm.inflight == 1 and adm.counts["success"] == 1
     rec.granted[0][1].success()
     assert [label for label, _ in rec.granted] == ["b", "c"] and adm.inflight == 1
@@ -150,6 +155,51 @@ def test_vacate_hands_the_slot_on_and_release_still_records_the_outcome() -> Non
     released.success()
     released.vacate()  # after release: nothing more to free
     assert adm.inflight == 0 and released.vacated
+
+
+
+def test_a_vacated_slot_is_timed_to_the_hand_on_so_one_worker_reads_as_one() -> None:
+    """One worker of 50 ms behind 8 closed-loop clients, each reply written 0.3 ms after
+    its worker is done (``ModelRunner`` vacates then). Timed to the release, a request
+    looked admitted before the one whose slot it took had ended, counted that completion
+    as its own and read the worker as two: ``little`` doubled 2 slots to 4, and every
+    request waited 3 services, past its clients' 200 ms (the live demo, 0.575 of
+    capacity where ``fixed:1`` served all)."""
+    from loadshed.limits.little import Little
+
+    clock = VirtualClock()
+    clock.advance(263.687)  # a monotonic clock's reading, hours after boot
+    little = Little()
+    adm = Admission(little, clock)
+    rec = Recorder()
+
+    def send(label: str) -> None:
+        try:
+            admitted = rec.submit(adm, label)
+        except Rejected as refused:
+            rec.rejected.append((label, refused))
+            return
+        if isinstance(admitted, Token):  # admitted at once (else granted from the queue)
+            rec.granted.append((label, admitted))
+
+    for client in range(8):
+        send(str(client))
+    limits, served = [], 0
+    while served < 24:
+        refused = [label for label, _ in rec.rejected]
+        rec.rejected.clear()
+        for label in refused:  # a refused client comes straight back
+            send(label)
+        clock.advance(0.05)
+        label, token = rec.granted[served]  # the worker serves them in the order admitted
+        served += 1
+        token.vacate()
+        clock.advance(0.0003)
+        token.success()
+        send(label)  # the client's next request
+        limits.append(little.limit)
+    assert max(limits) <= 2, limits
+    assert little.rate_max < 1.25 / 0.05
 
 
 def test_queue_full_rejects_with_reason_limit() -> None:

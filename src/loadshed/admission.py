@@ -160,6 +160,7 @@ class Token:
     __slots__ = (
         "_admission",
         "_vacated",
+        "_vacated_at",
         "admitted_at",
         "cost",
         "deadline",
@@ -189,6 +190,7 @@ class Token:
         """The request's cost (None: none given); a success feeds the cost model."""
         self.outcome: Outcome | None = None
         self._vacated = False
+        self._vacated_at = 0.0
 
     @property
     def released(self) -> bool:
@@ -203,8 +205,10 @@ class Token:
     def vacate(self) -> None:
         """The request's work on the limited resource is done (its model call returned):
         hand its slot to the next request now, before its response is sent. The outcome
-        and the sample still come with :meth:`release`, measured from admission to then.
-        Only the first call counts; a no-op once released."""
+        and the sample still come with :meth:`release`; the limit algorithm's sample
+        is timed from admission to now (the slot's time), the service time that
+        deadline admission learns to the release. Only the first call counts; a
+        no-op once released."""
         if not self._vacated and self.outcome is None:
             self._vacated = True
             self._admission._vacate(self)
@@ -957,12 +961,14 @@ class Admission:
         return mean / slots
 
     def _vacate(self, token: Token) -> None:
+        now = self.now()
+        token._vacated_at = now
         self._inflight -= 1
         self._inflight_by_priority[token.priority] -= 1
         if self.counts_cost:
             self._cost_freed(token)
         if self._queued:
-            self._dispatch(self.now())
+            self._dispatch(now)
 
     def _cost_freed(self, token: Token) -> None:
         """Take a token's cost units out of those in flight (limit in cost units)."""
@@ -1003,13 +1009,18 @@ class Admission:
             # tuple.__new__ builds the named tuple without its Python-level __new__.
             deadline = token.deadline
             slack = _INF if deadline is None else deadline - now
+            # The algorithm sees the slot's time: a vacated slot was handed on when the
+            # work ended, before the response was sent. Timed at the release, the
+            # request its slot went to would look admitted before this one ended and
+            # count its completion as one of its own (one worker read as two).
+            freed_at = token._vacated_at if token._vacated else now
             sample = _new_sample(
                 Sample,
                 (
-                    service_s,
+                    freed_at - token.admitted_at,
                     token.inflight_at_admit,
                     outcome is _DROPPED,
-                    now,
+                    freed_at,
                     self._queued,
                     slack,
                     token.queue_wait,

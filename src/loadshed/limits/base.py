@@ -20,10 +20,12 @@ __all__ = ["LimitAlgorithm", "Sample", "Windowed", "check_bounds"]
 class Sample(NamedTuple):
     """One admitted request's outcome, reported when its token is released.
 
-    rtt: seconds from admission to release (service time as the limiter sees it).
+    rtt: seconds from admission to release (service time as the limiter sees it), or
+        to the moment its slot was handed on if that came first
+        (:meth:`~loadshed.admission.Token.vacate`).
     inflight: requests in flight when this one was admitted, itself included.
     dropped: the request ended in a sign of overload (timeout, 503/429, deadline).
-    now: clock time at release, in seconds.
+    now: clock time at release (or when the slot was handed on), in seconds.
     queued: requests waiting for admission at release (0 if unknown): demand beyond
         the limit, which tells an algorithm the limit is binding.
     slack: seconds left before the request's deadline (its own, or the clients'
