@@ -157,7 +157,6 @@ def test_vacate_hands_the_slot_on_and_release_still_records_the_outcome() -> Non
     assert adm.inflight == 0 and released.vacated
 
 
-
 def test_a_vacated_slot_is_timed_to_the_hand_on_so_one_worker_reads_as_one() -> None:
     """One worker of 50 ms behind 8 closed-loop clients, each reply written 0.3 ms after
     its worker is done (``ModelRunner`` vacates then). Timed to the release, a request
