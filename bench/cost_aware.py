@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from loadshed.admission import DISCIPLINES
 from loadshed.sim.scenarios import LimiterConfig, run_capacity_change
 
 
@@ -72,11 +73,17 @@ def cells() -> list[Cell]:
 
 
 def score(
-    cell: Cell, limit: str, aware: bool, seed: int, cost_dist: str, fixed: float
+    cell: Cell,
+    limit: str,
+    aware: bool,
+    seed: int,
+    cost_dist: str,
+    fixed: float,
+    discipline: str = "fifo",
 ) -> tuple[float, float]:
     """(request goodput ratio, cost goodput ratio) over the whole run, one seed."""
     name, _, value = limit.partition(":")
-    limiter = LimiterConfig(name, limit_value=int(value) if value else None)
+    limiter = LimiterConfig(name, limit_value=int(value) if value else None, discipline=discipline)
     s = cell.service_time
     rate = cell.load * cell.workers / s
     result = run_capacity_change(
@@ -106,20 +113,25 @@ def score(
 
 
 def _job(
-    job: tuple[int, Cell, str, bool, int, str, float],
+    job: tuple[int, Cell, str, bool, int, str, float, str],
 ) -> tuple[int, str, bool, tuple[float, float]]:
-    index, cell, limit, aware, seed, cost_dist, fixed = job
-    return index, limit, aware, score(cell, limit, aware, seed, cost_dist, fixed)
+    index, cell, limit, aware, seed, cost_dist, fixed, discipline = job
+    return index, limit, aware, score(cell, limit, aware, seed, cost_dist, fixed, discipline)
 
 
 def run(
-    all_cells: list[Cell], seeds: int, cost_dist: str, fixed: float, jobs: int
+    all_cells: list[Cell],
+    seeds: int,
+    cost_dist: str,
+    fixed: float,
+    jobs: int,
+    discipline: str = "fifo",
 ) -> list[dict[str, Any]]:
     work = []
     for index, cell in enumerate(all_cells):
         limits = ["little"] + [f"fixed:{n}" for n in cell.fixed_grid()]
         work += [
-            (index, cell, limit, aware, seed, cost_dist, fixed)
+            (index, cell, limit, aware, seed, cost_dist, fixed, discipline)
             for limit in limits
             for aware in (True, False)
             for seed in range(1, seeds + 1)
@@ -205,6 +217,12 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             f"{min(blind):.3f}, median {statistics.median(blind):.3f}; aware ahead of blind in "
             f"{ahead}/{len(rows)}"
         )
+    for count in ("requests", "cost"):
+        workers = [r[count]["workers_aware_vs_oracle"] for r in rows]
+        lines.append(
+            f"- {count}: `fixed:` the workers, cost-aware, min {min(workers):.3f}, median "
+            f"{statistics.median(workers):.3f}"
+        )
     best = [r["both"]["best_fixed"] for r in rows]
     little_both = [r["both"]["little_aware"] for r in rows]
     lines.append(
@@ -242,6 +260,38 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def against(rows: list[dict[str, Any]], before: list[dict[str, Any]], name: str) -> str:
+    """Cost-aware little in this run over cost-aware little in ``before`` (same cells),
+    requests and cost units met within the deadline: what a change of policy (the
+    queue discipline) buys and costs, in absolute goodput rather than as oracle shares."""
+    previous = {row["label"]: row for row in before}
+    lines = [
+        "",
+        f"## Cost-aware `little` here over cost-aware `little` in `{name}`",
+        "",
+        "| cell | requests | cost units |",
+        "| --- | ---: | ---: |",
+    ]
+    ratios: dict[str, list[float]] = {"requests": [], "cost": []}
+    for row in rows:
+        old = previous.get(row["label"])
+        if old is None:
+            continue
+        cols = [row["label"]]
+        for count in ("requests", "cost"):
+            ratio = row[count]["little_aware"] / old[count]["little_aware"]
+            ratios[count].append(ratio)
+            cols.append(f"{ratio:.3f}")
+        lines.append("| " + " | ".join(cols) + " |")
+    summary = [
+        f"- {count}: min {min(values):.3f}, median {statistics.median(values):.3f}, "
+        f"max {max(values):.3f} over {len(values)} cells"
+        for count, values in ratios.items()
+        if values
+    ]
+    return "\n".join([*lines[:3], *summary, "", *lines[3:]]) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=2)
@@ -249,6 +299,18 @@ def main() -> int:
     parser.add_argument("--cost-fixed", type=float, default=0.1)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--select", default=None, help="Cell indexes, comma-separated.")
+    parser.add_argument(
+        "--discipline",
+        default="fifo",
+        choices=DISCIPLINES,
+        help="The limiter's queue discipline, for every row (default fifo).",
+    )
+    parser.add_argument(
+        "--against",
+        default=None,
+        help="A saved --json run (e.g. the fifo one) to compare cost-aware little with, "
+        "cell by cell: this run's goodput over that run's, on both counts.",
+    )
     parser.add_argument("--out", default=None, help="Markdown file.")
     parser.add_argument("--json", default=None, help="JSON file.")
     args = parser.parse_args()
@@ -256,9 +318,12 @@ def main() -> int:
     if args.select:
         all_cells = [all_cells[int(i)] for i in args.select.split(",")]
     started = time.perf_counter()
-    rows = run(all_cells, args.seeds, args.cost_dist, args.cost_fixed, args.jobs)
+    rows = run(all_cells, args.seeds, args.cost_dist, args.cost_fixed, args.jobs, args.discipline)
     command = "python bench/cost_aware.py " + " ".join(sys.argv[1:])
     text = markdown(rows, command.strip())
+    if args.against:
+        with open(args.against) as saved:
+            text += against(rows, json.load(saved), args.against)
     print(text)
     print(f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     if args.out:

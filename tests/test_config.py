@@ -63,7 +63,7 @@ def test_each_bad_setting_names_its_field(settings: dict[str, object], field: st
 def test_a_bad_discipline_lists_the_allowed_ones() -> None:
     with pytest.raises(ConfigError, match=r"^discipline: got 'random', allowed: fifo\|lifo\|codel"):
         AdmissionConfig(discipline="random")  # type: ignore[arg-type]
-    assert DISCIPLINES == ("fifo", "lifo", "codel")
+    assert DISCIPLINES == ("fifo", "lifo", "codel", "shortest")
     assert str(Discipline.CODEL) == "codel"
 
 

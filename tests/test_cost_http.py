@@ -18,6 +18,7 @@ from loadshed.errors import ConfigError
 from loadshed.limiter import Limiter
 from loadshed.limits.fixed import Fixed
 from loadshed.metrics import LoadshedMetrics
+from loadshed.proxy.app import create_proxy
 from loadshed.proxy.config import ProxyConfig, parse_upstream
 from loadshed.testing import serve
 
@@ -110,6 +111,10 @@ def test_bad_cost_settings_fail_at_start() -> None:
         LoadShedMiddleware(APP, cost_header="X-Request-Timeout")
     with pytest.raises(ConfigError, match="--cost-header"):
         ProxyConfig(upstreams=(parse_upstream("http://127.0.0.1:1"),), cost_header="a b")
+    with pytest.raises(
+        ConfigError, match=r"^--discipline: got 'sjf', allowed: fifo\|lifo\|codel\|shortest$"
+    ):
+        ProxyConfig(upstreams=(parse_upstream("http://127.0.0.1:1"),), discipline="sjf")
 
 
 async def test_the_proxy_reads_the_cost_from_its_cost_header() -> None:
@@ -132,3 +137,57 @@ async def test_the_proxy_reads_the_cost_from_its_cost_header() -> None:
             await proxy.aclose()
         limiter = proxy.pool.upstreams[0].limiter
         assert limiter.admission.cost_counts["refused"] == 500.0
+
+
+class _InOrder:
+    """One worker: requests run one at a time, 1 ms + 1 ms per row, in the order
+    they reach it (recorded)."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.order: list[int] = []
+
+    async def predict(self, request: Request) -> Response:
+        count = int(request.query_params.get("rows", "1"))
+        async with self.lock:
+            self.order.append(count)
+            await asyncio.sleep(0.001 * (1 + count))
+        return PlainTextResponse("ok")
+
+
+@pytest.mark.parametrize(
+    ("discipline", "expected"), [("fifo", [100, 20, 2]), ("shortest", [2, 20, 100])]
+)
+async def test_the_proxy_grants_the_shortest_predicted_first_when_told(
+    discipline: str, expected: list[int]
+) -> None:
+    model = _InOrder()
+    with serve(Starlette(routes=[Route("/predict", model.predict)])) as upstream_url:
+        config = ProxyConfig(
+            upstreams=(parse_upstream(upstream_url),),
+            limit="fixed:1",
+            max_queue_wait=10.0,
+            discipline=discipline,
+        )
+        app, proxy = create_proxy(config)
+        try:
+            with serve(app) as url:
+                async with aiohttp.ClientSession() as session:
+                    await _warm(session, url)  # fits the cost model
+
+                    async def one(count: int) -> int:
+                        headers = {"X-Request-Cost": str(count)}
+                        async with session.get(
+                            f"{url}/predict?rows={count}", headers=headers
+                        ) as response:
+                            return response.status
+
+                    # 300 ms holds the one slot while three others queue in turn.
+                    tasks = [asyncio.create_task(one(300))]
+                    for count in (100, 20, 2):
+                        await asyncio.sleep(0.03)
+                        tasks.append(asyncio.create_task(one(count)))
+                    assert await asyncio.gather(*tasks) == [200] * 4
+        finally:
+            await proxy.aclose()
+    assert model.order[-4:] == [300, *expected]

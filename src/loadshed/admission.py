@@ -46,6 +46,7 @@ DISCIPLINES = tuple(d.value for d in Discipline)
 _FIFO: Final = Discipline.FIFO
 _LIFO: Final = Discipline.LIFO
 _CODEL: Final = Discipline.CODEL
+_SHORTEST: Final = Discipline.SHORTEST
 _PRIORITIES = tuple(Priority)  # most critical first
 _DEFAULT_QUEUE_WAIT = 1.0  # seconds, until a service time has been measured
 _MAX_RETRY_AFTER = 3600.0  # seconds: a Retry-After beyond an hour says nothing more
@@ -512,7 +513,12 @@ class Admission:
         service_mean = self.service.mean
         costed = service_mean is not None and self._costed_ahead(priority, cost)
         if deadline is not None and service_mean is not None and service_high is not None:
-            if costed:
+            if costed and self.discipline is _SHORTEST:
+                # Served before the shorter ones queued, not after all of them.
+                expected_wait = (
+                    self._work_before(priority, self._predicted(cost)) + service_mean
+                ) / slots
+            elif costed:
                 expected_wait = (
                     self._work_ahead(priority, ahead, service_mean) + service_mean
                 ) / slots
@@ -529,7 +535,7 @@ class Admission:
         patient = own_deadline is None
         max_wait = self._max_wait(adaptive=patient)
         if (
-            self.discipline is _FIFO
+            (self.discipline is _FIFO or (self.discipline is _SHORTEST and not costed))
             and ahead  # nothing ahead: it may still be granted before max_wait
             and service_mean is not None
             and (
@@ -1035,8 +1041,54 @@ class Admission:
         elif self._codel is not None:
             self._codel.emptied()
 
+    def _predicted(self, cost: float | None) -> float:
+        """A request's predicted service time, the order of the ``shortest`` discipline:
+        from its cost once the cost model is fitted, else the mean (0 before any)."""
+        if cost is not None:
+            predicted = self.cost_model.predict(cost)
+            if predicted is not None:
+                return predicted
+        mean = self.service.mean
+        return 0.0 if mean is None else mean
+
+    def _work_before(self, priority: Priority, predicted: float) -> float:
+        """Predicted seconds of service the ``shortest`` discipline grants before a
+        request of ``priority`` predicted to take ``predicted``: every ticket queued in
+        a more critical class, and those of its own class predicted no longer."""
+        work = 0.0
+        for level, queue in enumerate(self._queues[: priority + 1]):
+            for ticket in queue:
+                if ticket._state is _State.QUEUED:
+                    seconds = self._predicted(ticket.cost)
+                    if level < priority or seconds <= predicted:
+                        work += seconds
+        return work
+
+    def _next_shortest(self) -> Ticket | None:
+        """Pop the live ticket predicted to be shortest, most critical class first
+        (the oldest among equals); None when it does not fit under the limit now."""
+        for level, queue in enumerate(self._queues):
+            while queue and queue[0]._state is not _State.QUEUED:
+                queue.popleft()
+            best, best_seconds = -1, _INF
+            for index, ticket in enumerate(queue):
+                if ticket._state is _State.QUEUED:
+                    seconds = self._predicted(ticket.cost)
+                    if seconds < best_seconds:
+                        best, best_seconds = index, seconds
+            if best < 0:
+                continue
+            ticket = queue[best]
+            if not self._can_admit(_PRIORITIES[level], ticket.cost):
+                return None
+            del queue[best]
+            return ticket
+        return None
+
     def _next_ticket(self) -> Ticket | None:
         """Pop the next live ticket to serve, most critical class first."""
+        if self._queued_costed and self.discipline is _SHORTEST:
+            return self._next_shortest()  # (with no cost queued, FIFO is the order)
         codel = self._codel
         lifo = self.discipline is _LIFO or (codel is not None and codel.overloaded)
         for level, queue in enumerate(self._queues):

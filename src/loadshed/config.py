@@ -51,6 +51,12 @@ class Discipline(str, enum.Enum):
     CODEL = "codel"
     """FIFO, switching to LIFO with a short queue timeout while the minimum queue wait
     over ``codel_interval`` exceeds ``codel_target`` (Facebook's adaptive LIFO + CoDel)."""
+    SHORTEST = "shortest"
+    """The request with the shortest predicted service time first (from its cost, by
+    the fitted cost model; oldest first among equals, and FIFO until the model is
+    fitted or when no request carries a cost): under overload more requests meet their
+    deadlines; a big one waits while smaller ones come, and leaves by its deadline or
+    the wait bound."""
 
     def __str__(self) -> str:
         return self.value
@@ -112,7 +118,8 @@ class AdmissionConfig:
         max_queue_wait: longest wait in the queue in seconds; None (default) means
             the adaptive bound (:class:`~loadshed.waitbound.AdaptiveWaitBound`);
             ``math.inf``: no bound, the deadline alone ends a wait.
-        discipline: :class:`Discipline` or its name (``fifo``, ``lifo``, ``codel``).
+        discipline: :class:`Discipline` or its name (``fifo``, ``lifo``, ``codel``,
+            ``shortest``).
         reserved: share of the limit (0..1) kept for a class and those more critical,
             e.g. ``{Priority.CRITICAL: 0.2}``.
         initial_service_time: guess used for estimates until the first sample.

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from loadshed.config import AdmissionConfig, LimitUnit
+from loadshed.config import AdmissionConfig, Discipline, LimitUnit
 from loadshed.errors import REFUSAL_STATUSES, ConfigError
 from loadshed.limits import make_limit
 from loadshed.limits.fixed import Fixed
@@ -130,6 +130,10 @@ class ProxyConfig:
     - ``cost_header="x-request-cost"``: a request that carries its cost there (rows,
       tokens) is admitted by its own predicted service time (:mod:`loadshed.costmodel`);
       None reads no cost.
+    - ``discipline="fifo"``: queued requests are granted oldest first; ``shortest``
+      grants the one with the shortest predicted service time (from its cost) first,
+      which meets more deadlines and serves a little fewer cost units
+      (docs/cost.md), ``lifo`` and ``codel`` as in the library.
     - ``limit_unit="requests"``: the limit counts requests in flight; ``cost`` makes
       it count the cost units in flight (the ``cost_header`` values; one for a request
       without), for upstreams whose capacity is memory (a KV cache's tokens), with a
@@ -144,6 +148,7 @@ class ProxyConfig:
     limit: str = "little"
     max_queue: int = 1000
     max_queue_wait: float | None = None
+    discipline: str = "fifo"
     wait_ceiling: float = DEFAULT_WAIT_CEILING
     refusal_rate: float = DEFAULT_REFUSAL_PACING.rate
     max_refusal_hold: float = DEFAULT_REFUSAL_PACING.max_hold
@@ -191,6 +196,10 @@ class ProxyConfig:
                 raise ConfigError("--limit-unit", "cost needs --cost-header (got none)")
         if self.max_queue < 0:
             raise ConfigError("--max-queue", f"must be an integer >= 0, got {self.max_queue}")
+        try:
+            Discipline.parse(self.discipline)
+        except ConfigError as exc:
+            raise ConfigError("--discipline", str(exc).removeprefix("discipline: ")) from None
         _positive(self.max_queue_wait, "--max-queue-wait")
         _positive(self.deadline, "--deadline")
         for flag, value in (
@@ -237,6 +246,7 @@ class ProxyConfig:
         return AdmissionConfig(
             max_queue=self.max_queue,
             max_queue_wait=self.max_queue_wait,
+            discipline=Discipline.parse(self.discipline),
             adaptive_wait_ceiling=self.wait_ceiling,
             limit_unit=LimitUnit.parse(self.limit_unit),
         )
