@@ -10,8 +10,10 @@ stops it after. The load is open loop: Poisson arrivals at ``--load`` x the capa
 each request a batch of a log-uniform number of images in 1..256 (seeded: every step
 sends the same sizes at the same times), with the client timeout sent as
 ``X-Request-Timeout``. *aware* also sends ``X-Request-Cost: <rows>``; *blind* does not,
-so the server judges every batch on its recent mean. The two alternate, ``--repeats``
-times each.
+so the server judges every batch on its recent mean. *shortest* sends the costs to a
+server whose queue grants the shortest predicted batch first (``serve-demo
+--discipline shortest``). ``--variants`` chooses which run (default ``aware,blind``);
+they take turns, ``--repeats`` times each, each repeat starting one later in the list.
 
 Capacity and timeout come from a calibration on an unprotected server first: one
 closed-loop client sending the same size mix for 5 s; capacity = 1 / its mean latency,
@@ -89,14 +91,19 @@ def draw_sizes(count: int, seed: int) -> list[int]:
     ]
 
 
+# variant -> (sends the cost, the server's queue discipline)
+VARIANTS = {"aware": (True, "fifo"), "blind": (False, "fifo"), "shortest": (True, "shortest")}
+
+
 class Server:
     """``loadshed serve-demo --model digits`` in its own session."""
 
-    def __init__(self, protect: str) -> None:
+    def __init__(self, protect: str, discipline: str = "fifo") -> None:
         self.port = free_port()
         command = [
             sys.executable, "-m", "loadshed", "serve-demo", "--model", "digits",
-            "--protect", protect, "--host", "127.0.0.1", "--port", str(self.port),
+            "--protect", protect, "--discipline", discipline,
+            "--host", "127.0.0.1", "--port", str(self.port),
         ]  # fmt: skip
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
@@ -265,9 +272,18 @@ def main() -> int:
     parser.add_argument("--timeout-x", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--variants",
+        default="aware,blind",
+        help=f"Comma-separated, from {','.join(VARIANTS)} (default aware,blind).",
+    )
     parser.add_argument("--out", default=None)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants or len(set(variants)) != len(variants):
+        parser.error(f"--variants: got {args.variants!r}, allowed: {','.join(VARIANTS)}")
     duration = parse_duration(args.duration, "duration")
     warmup = parse_duration(args.warmup, "warmup")
     payloads = bodies()
@@ -286,15 +302,17 @@ def main() -> int:
         f"req/s; rate {rate:.1f} req/s, timeout {timeout * 1000:.0f} ms",
         file=sys.stderr,
     )
-    results: dict[str, list[dict[str, Any]]] = {"aware": [], "blind": []}
+    results: dict[str, list[dict[str, Any]]] = {variant: [] for variant in variants}
     for repeat in range(args.repeats):
-        for variant in ("aware", "blind") if repeat % 2 == 0 else ("blind", "aware"):
-            server = Server("little")
+        turn = repeat % len(variants)
+        for variant in variants[turn:] + variants[:turn]:
+            sends_cost, discipline = VARIANTS[variant]
+            server = Server("little", discipline)
             try:
                 tally = asyncio.run(
                     open_loop(
                         server.url, rate, duration, warmup, sizes, payloads, timeout,
-                        variant == "aware", args.seed,
+                        sends_cost, args.seed,
                     )
                 )  # fmt: skip
                 gauges = server.gauges()
@@ -338,7 +356,7 @@ def main() -> int:
         "| 503 deadline (p50 ms) | 503 other | driver late p99 (ms) |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for variant in ("aware", "blind"):
+    for variant in variants:
         runs = results[variant]
         deadline = statistics.median(r["refused"].get("deadline", 0) for r in runs)
         deadline_ms = [r["refused_p50_ms"].get("deadline") for r in runs]
@@ -358,14 +376,14 @@ def main() -> int:
     lines += [
         "",
         "By batch size, all runs together: requests sent, and the shares served in time, "
-        "refused (503) and timed out (aware / blind):",
+        f"refused (503) and timed out ({' / '.join(variants)}):",
         "",
         "| rows | sent | served | refused | timed out |",
         "| --- | ---: | ---: | ---: | ---: |",
     ]
     for band in bands:
         cells = []
-        for variant in ("aware", "blind"):
+        for variant in variants:
             total: Counter[str] = Counter()
             for run in results[variant]:
                 total.update(run["by_band"].get(band, {}))
@@ -378,11 +396,12 @@ def main() -> int:
             for outcome in ("ok", "refused", "timeout")
         }
         lines.append(
-            f"| {band} | {sent[0]:,} / {sent[1]:,} | {shares['ok']} | {shares['refused']} "
+            f"| {band} | {' / '.join(f'{n:,}' for n in sent)} | {shares['ok']} "
+            f"| {shares['refused']} "
             f"| {shares['timeout']} |"
         )
     lines += ["", "Every run (goodput share; the server's limit at the end; fitted a, b):", ""]
-    for variant in ("aware", "blind"):
+    for variant in variants:
         for number, run in enumerate(results[variant], 1):
             g = run["server_at_end"]
             lines.append(

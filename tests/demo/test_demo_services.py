@@ -479,6 +479,20 @@ def test_every_demo_model_builds() -> None:
         assert app.state.model == model
 
 
+def test_serve_demo_discipline_orders_a_limit_queue() -> None:
+    from loadshed.config import Discipline
+    from loadshed.demo.serve import build_app
+
+    for discipline, member in (("shortest", Discipline.SHORTEST), ("fifo", Discipline.FIFO)):
+        app = build_app("origin", "little", discipline=discipline)
+        assert app.limiter.admission.discipline is member
+    with pytest.raises(ConfigError, match=r"^--discipline: got 'sjf', allowed: fifo\|lifo"):
+        build_app("origin", "little", discipline="sjf")
+    result = serve_demo_cli("--model", "origin", "--discipline", "sjf")
+    assert result.returncode == 2 and "'sjf' is not one of" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 async def test_protected_origin_never_sheds_its_admin_routes() -> None:
     """A capacity change ordered while the server sheds must get through at once:
     ``PUT /admin/work-time`` came back 503 in a live fleet run and crashed the bench."""

@@ -23,7 +23,9 @@ count, ``--workers``: 1 for hashburn and digits unless given, 7 for origin):
   ``X-Request-Timeout`` overrides the target. The in-flight cap stays at ``W`` because a
   larger one would hand every request straight to the app, where nothing can shed it.
 - a limit name (``little`` (default), ``aimd``, ``vegas``, ``gradient2``, ``gradient``,
-  ``fixed:N``): ``LoadShedMiddleware(limit=name)`` with its defaults.
+  ``fixed:N``): ``LoadShedMiddleware(limit=name)`` with its defaults; ``--discipline``
+  orders its queue (``shortest``: the shortest predicted service time first, from the
+  requests' ``X-Request-Cost``).
 
 Protected services export Prometheus metrics at ``/metrics``; ``/health`` and ``/metrics`` are
 never limited. Request heads are bounded as ``loadshed proxy`` bounds them: a target over 8 KiB
@@ -45,6 +47,7 @@ from typing import Any, cast
 import click
 
 from loadshed.clickutil import refusal_rate_option
+from loadshed.config import Discipline
 from loadshed.demo import DEMO_MODELS
 from loadshed.errors import ConfigError
 from loadshed.limits import LIMIT_SPECS
@@ -96,17 +99,24 @@ def protect_app(
     deadline_target: float = DEFAULT_DEADLINE_TARGET,
     *,
     refusal_rate: float = DEFAULT_REFUSAL_PACING.rate,
+    discipline: str = "fifo",
 ) -> Any:
     """Wrap the ASGI ``app`` as ``--protect`` says (see the module docstring).
 
     ``refusal_rate``: refusals per second answered at once before further ones are
-    held (:mod:`loadshed.pacing`); 0 answers every refusal at once.
+    held (:mod:`loadshed.pacing`); 0 answers every refusal at once. ``discipline``: the
+    order of a limit's queue (``--protect`` naming a limit: fifo, lifo, codel or
+    shortest; the queue and deadline schemes are first come, first served).
     """
     from loadshed.asgi import LoadShedMiddleware
 
     if not (math.isfinite(refusal_rate) and refusal_rate >= 0):
         raise ConfigError("--refusal-rate", f"must be a number >= 0, got {refusal_rate!r}")
     pacing = RefusalPacing.at_rate(refusal_rate)
+    try:
+        order = Discipline.parse(discipline)
+    except ConfigError as exc:
+        raise ConfigError("--discipline", str(exc).removeprefix("discipline: ")) from None
 
     protect = validate_protect(protect)
     if protect == "none":
@@ -139,7 +149,12 @@ def protect_app(
             exclude=_NEVER_LIMITED,
         )
     return LoadShedMiddleware(
-        app, limit=protect, metrics_path="/metrics", refusal_pacing=pacing, exclude=_NEVER_LIMITED
+        app,
+        limit=protect,
+        limiter_options={"discipline": order},
+        metrics_path="/metrics",
+        refusal_pacing=pacing,
+        exclude=_NEVER_LIMITED,
     )
 
 
@@ -154,6 +169,7 @@ def build_app(
     sigma: float | None = None,
     seed: int | None = None,
     refusal_rate: float = DEFAULT_REFUSAL_PACING.rate,
+    discipline: str = "fifo",
 ) -> Any:
     """Build demo service ``model`` with its settings, wrapped as ``protect`` says.
 
@@ -197,7 +213,12 @@ def build_app(
         flag = "--" + error.field.replace("_", "-")
         raise ConfigError(flag, str(error).split(": ", 1)[1]) from None
     return protect_app(
-        app, protect, int(app.state.workers), deadline_target, refusal_rate=refusal_rate
+        app,
+        protect,
+        int(app.state.workers),
+        deadline_target,
+        refusal_rate=refusal_rate,
+        discipline=discipline,
     )
 
 
@@ -284,6 +305,14 @@ def _bounded_heads() -> type[Any]:
     show_default=True,
     help="On SIGTERM, seconds requests in flight get to finish (queued ones get 503 at once).",
 )
+@click.option(
+    "--discipline",
+    type=click.Choice([discipline.value for discipline in Discipline]),
+    default=Discipline.FIFO.value,
+    show_default=True,
+    help="Order of the limit's queue (--protect naming a limit); shortest: the shortest "
+    "predicted service time first, from X-Request-Cost.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option(
     "--port",
@@ -303,6 +332,7 @@ def serve_demo(
     deadline_target: float,
     refusal_rate: float,
     grace: float,
+    discipline: str,
     host: str,
     port: int,
 ) -> None:
@@ -324,6 +354,7 @@ def serve_demo(
             sigma=sigma,
             seed=seed,
             refusal_rate=refusal_rate,
+            discipline=discipline,
         )
     except ConfigError as error:
         raise click.UsageError(str(error)) from None
