@@ -255,9 +255,10 @@ class Admission:
         adaptive_wait_ceiling: seconds of response time (queue wait plus a service
             time) the adaptive bound may grow to while clients are patient; 0 keeps
             the bound at one service time. Unused when ``max_queue_wait`` is set.
-        discipline: ``fifo`` (default), ``lifo`` (newest first), or ``codel``
+        discipline: ``fifo`` (default), ``lifo`` (newest first), ``codel``
             (FIFO, switching to LIFO with a short queue timeout while the minimum
-            queue wait over ``codel_interval`` exceeds ``codel_target``).
+            queue wait over ``codel_interval`` exceeds ``codel_target``), or
+            ``shortest`` (the shortest predicted service time first, from the costs).
         reserved: share of the limit (0..1) kept for a class and those more critical,
             e.g. ``{Priority.CRITICAL: 0.2}``.
         initial_service_time: guess used for estimates until the first sample.
