@@ -30,6 +30,7 @@ from loadshed.errors import ConfigError, Outcome, Priority, Rejected, RejectReas
 from loadshed.estimate import PatienceEstimator, ServiceTimeEstimator
 from loadshed.limits.base import LimitAlgorithm, Sample
 from loadshed.limits.fixed import Fixed
+from loadshed.shortest import ShortestFirst
 from loadshed.waitbound import DEFAULT_WAIT_CEILING, AdaptiveWaitBound
 
 __all__ = [
@@ -110,6 +111,10 @@ class _State(enum.Enum):
     GRANTED = 2
     REJECTED = 3
     CANCELLED = 4
+
+
+def _is_queued(ticket: Ticket) -> bool:
+    return ticket._state is _State.QUEUED
 
 
 class Ticket:
@@ -378,6 +383,10 @@ class Admission:
         self._costed_by_priority = [0] * len(_PRIORITIES)
         self._cost_by_priority = [0.0] * len(_PRIORITIES)
         self._expiries: list[tuple[float, int, Ticket]] = []
+        # The shortest-first index of the queue (discipline="shortest" only).
+        self._shortest: ShortestFirst[Ticket] | None = (
+            ShortestFirst(len(_PRIORITIES)) if config.discipline is _SHORTEST else None
+        )
         self._seq = 0
         self._dispatching = False
         self._listeners: list[LimiterListener] = []
@@ -514,7 +523,7 @@ class Admission:
         service_mean = self.service.mean
         costed = service_mean is not None and self._costed_ahead(priority, cost)
         if deadline is not None and service_mean is not None and service_high is not None:
-            if costed and self.discipline is _SHORTEST:
+            if costed and self._by_predicted():
                 # Served before the shorter ones queued, not after all of them.
                 expected_wait = (
                     self._work_before(priority, self._predicted(cost)) + service_mean
@@ -536,7 +545,10 @@ class Admission:
         patient = own_deadline is None
         max_wait = self._max_wait(adaptive=patient)
         if (
-            (self.discipline is _FIFO or (self.discipline is _SHORTEST and not costed))
+            (
+                self.discipline is _FIFO
+                or (self.discipline is _SHORTEST and not (costed and self._by_predicted()))
+            )
             and ahead  # nothing ahead: it may still be granted before max_wait
             and service_mean is not None
             and (
@@ -568,6 +580,8 @@ class Admission:
         self._seq += 1
         ticket = Ticket(priority, deadline, now, wait_expiry, self._seq, on_grant, on_reject, cost)
         self._queues[priority].append(ticket)
+        if self._shortest is not None:
+            self._shortest.add(priority, ticket)
         self._queued += 1
         self._queued_by_priority[priority] += 1
         if cost is not None:
@@ -927,6 +941,8 @@ class Admission:
             listener.on_reject(reason, waited)
 
     def _dequeued(self, ticket: Ticket) -> None:
+        if self._shortest is not None:
+            self._shortest.removed(ticket.priority, ticket)
         self._queued -= 1
         priority = ticket.priority
         self._queued_by_priority[priority] -= 1
@@ -1052,44 +1068,65 @@ class Admission:
         mean = self.service.mean
         return 0.0 if mean is None else mean
 
+    def _by_predicted(self) -> bool:
+        """Whether the queue goes by predicted service time now: the ``shortest``
+        discipline with a cost model whose time grows with the cost (with none fitted
+        yet, or a slope of 0, costs do not order requests: first come, first served)."""
+        slope = self.cost_model.slope
+        return self._shortest is not None and slope is not None and slope > 0
+
     def _work_before(self, priority: Priority, predicted: float) -> float:
         """Predicted seconds of service the ``shortest`` discipline grants before a
-        request of ``priority`` predicted to take ``predicted``: every ticket queued in
-        a more critical class, and those of its own class predicted no longer."""
+        request of ``priority`` predicted to take ``predicted`` (:meth:`_by_predicted`):
+        every request queued in a more critical class, and those of its own class
+        predicted no longer (costed ones at intercept + slope x cost, the others at
+        the mean)."""
+        index = self._shortest
+        model = self.cost_model
+        intercept, slope = model.intercept, model.slope
+        assert index is not None and intercept is not None and slope is not None
+        mean = self._predicted(None)
         work = 0.0
-        for level, queue in enumerate(self._queues[: priority + 1]):
-            for ticket in queue:
-                if ticket._state is _State.QUEUED:
-                    seconds = self._predicted(ticket.cost)
-                    if level < priority or seconds <= predicted:
-                        work += seconds
+        for level in range(priority):
+            costed = self._costed_by_priority[level]
+            uncosted = self._queued_by_priority[level] - costed
+            work += intercept * costed + slope * self._cost_by_priority[level] + uncosted * mean
+        count, total = index.costed_upto(priority, (predicted - intercept) / slope)
+        work += intercept * count + slope * total
+        if mean <= predicted:
+            work += (self._queued_by_priority[priority] - self._costed_by_priority[priority]) * mean
         return work
 
     def _next_shortest(self) -> Ticket | None:
-        """Pop the live ticket predicted to be shortest, most critical class first
+        """Take the live ticket predicted to be shortest, most critical class first
         (the oldest among equals); None when it does not fit under the limit now."""
-        for level, queue in enumerate(self._queues):
-            while queue and queue[0]._state is not _State.QUEUED:
-                queue.popleft()
-            best, best_seconds = -1, _INF
-            for index, ticket in enumerate(queue):
-                if ticket._state is _State.QUEUED:
-                    seconds = self._predicted(ticket.cost)
-                    if seconds < best_seconds:
-                        best, best_seconds = index, seconds
-            if best < 0:
+        index = self._shortest
+        model = self.cost_model
+        intercept, slope = model.intercept, model.slope
+        assert index is not None and intercept is not None and slope is not None
+
+        def predict(cost: float) -> float:
+            return intercept + slope * cost
+
+        mean = self._predicted(None)
+        for level in range(len(self._queues)):
+            ticket = index.first(level, _is_queued, predict, mean)
+            if ticket is None:
                 continue
-            ticket = queue[best]
             if not self._can_admit(_PRIORITIES[level], ticket.cost):
                 return None
-            del queue[best]
+            index.take(level, ticket)
+            # Taken out of turn, it stays in the arrival-order deque: drop the dead
+            # ones there now and then, or a request starved at its head would keep
+            # every later one granted behind it.
+            self._compact()
             return ticket
         return None
 
     def _next_ticket(self) -> Ticket | None:
         """Pop the next live ticket to serve, most critical class first."""
-        if self._queued_costed and self.discipline is _SHORTEST:
-            return self._next_shortest()  # (with no cost queued, FIFO is the order)
+        if self._queued_costed and self._by_predicted():
+            return self._next_shortest()
         codel = self._codel
         lifo = self.discipline is _LIFO or (codel is not None and codel.overloaded)
         for level, queue in enumerate(self._queues):
@@ -1145,3 +1182,5 @@ class Admission:
         if total > 64 and total > 2 * self._queued:
             for level, queue in enumerate(self._queues):
                 self._queues[level] = deque(t for t in queue if t._state is _State.QUEUED)
+            if self._shortest is not None:
+                self._shortest.compact(_is_queued)

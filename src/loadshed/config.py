@@ -54,9 +54,9 @@ class Discipline(str, enum.Enum):
     SHORTEST = "shortest"
     """The request with the shortest predicted service time first (from its cost, by
     the fitted cost model; oldest first among equals, and FIFO until the model is
-    fitted or when no request carries a cost): under overload more requests meet their
-    deadlines; a big one waits while smaller ones come, and leaves by its deadline or
-    the wait bound."""
+    fitted, when its slope is 0 or when no request carries a cost): under overload more
+    requests meet their deadlines; a big one waits while smaller ones come, and leaves
+    by its deadline or the wait bound."""
 
     def __str__(self) -> str:
         return self.value
