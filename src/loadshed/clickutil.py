@@ -8,14 +8,16 @@ checked at start-up) becomes the same kind of error.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+from loadshed.config import Discipline
 from loadshed.errors import ConfigError
 from loadshed.pacing import DEFAULT_REFUSAL_PACING
 
-__all__ = ["OneLineCommand", "OneLineGroup", "refusal_rate_option"]
+__all__ = ["OneLineCommand", "OneLineGroup", "discipline_option", "refusal_rate_option"]
 
 
 class _OneLineErrors:
@@ -62,3 +64,15 @@ refusal_rate_option = click.option(
     "retry at once cost bounded CPU (0: never hold).",
 )
 """``--refusal-rate`` (:mod:`loadshed.pacing`), shared by ``serve-demo`` and ``proxy``."""
+
+
+def discipline_option(help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--discipline`` (the queue's order, :class:`~loadshed.config.Discipline`), shared
+    by ``serve-demo`` and ``proxy``, with the command's own ``help``."""
+    return click.option(
+        "--discipline",
+        type=click.Choice([discipline.value for discipline in Discipline]),
+        default=Discipline.FIFO.value,
+        show_default=True,
+        help=help,
+    )

@@ -62,9 +62,10 @@ class Discipline(str, enum.Enum):
         return self.value
 
     @classmethod
-    def parse(cls, value: Discipline | str) -> Discipline:
-        """A member from itself or its name; :class:`ConfigError` naming the allowed values."""
-        return _member(cls, value, "discipline")
+    def parse(cls, value: Discipline | str, field: str = "discipline") -> Discipline:
+        """A member from itself or its name; :class:`ConfigError` naming ``field`` (a
+        setting or a flag) and the allowed values."""
+        return _member(cls, value, field)
 
 
 class LimitUnit(str, enum.Enum):

@@ -46,7 +46,7 @@ from typing import Any, cast
 
 import click
 
-from loadshed.clickutil import refusal_rate_option
+from loadshed.clickutil import discipline_option, refusal_rate_option
 from loadshed.config import Discipline
 from loadshed.demo import DEMO_MODELS
 from loadshed.errors import ConfigError
@@ -113,10 +113,7 @@ def protect_app(
     if not (math.isfinite(refusal_rate) and refusal_rate >= 0):
         raise ConfigError("--refusal-rate", f"must be a number >= 0, got {refusal_rate!r}")
     pacing = RefusalPacing.at_rate(refusal_rate)
-    try:
-        order = Discipline.parse(discipline)
-    except ConfigError as exc:
-        raise ConfigError("--discipline", str(exc).removeprefix("discipline: ")) from None
+    order = Discipline.parse(discipline, "--discipline")
 
     protect = validate_protect(protect)
     if protect == "none":
@@ -305,13 +302,9 @@ def _bounded_heads() -> type[Any]:
     show_default=True,
     help="On SIGTERM, seconds requests in flight get to finish (queued ones get 503 at once).",
 )
-@click.option(
-    "--discipline",
-    type=click.Choice([discipline.value for discipline in Discipline]),
-    default=Discipline.FIFO.value,
-    show_default=True,
-    help="Order of the limit's queue (--protect naming a limit); shortest: the shortest "
-    "predicted service time first, from X-Request-Cost.",
+@discipline_option(
+    "Order of the limit's queue (--protect naming a limit); shortest: the shortest "
+    "predicted service time first, from X-Request-Cost."
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option(

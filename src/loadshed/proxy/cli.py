@@ -27,8 +27,8 @@ import uvicorn
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from loadshed.clickutil import OneLineCommand, refusal_rate_option
-from loadshed.config import Discipline, LimitUnit
+from loadshed.clickutil import OneLineCommand, discipline_option, refusal_rate_option
+from loadshed.config import LimitUnit
 from loadshed.limits import LIMIT_SPECS
 from loadshed.pacing import DEFAULT_REFUSAL_PACING
 from loadshed.proxy.app import ProxyApp, create_proxy
@@ -176,13 +176,9 @@ def _to_config(**values: Any) -> ProxyConfig:
     default=None,
     help="Longest wait in the queue (default: from the learned service time).",
 )
-@click.option(
-    "--discipline",
-    type=click.Choice([discipline.value for discipline in Discipline]),
-    default=Discipline.FIFO.value,
-    show_default=True,
-    help="Order of the queue: oldest first; newest first; CoDel; or the shortest "
-    "predicted service time first (from --cost-header; oldest first without costs).",
+@discipline_option(
+    "Order of the queue: oldest first; newest first; CoDel; or the shortest "
+    "predicted service time first (from --cost-header; oldest first without costs)."
 )
 @click.option(
     "--wait-ceiling",

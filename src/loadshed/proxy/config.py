@@ -196,10 +196,7 @@ class ProxyConfig:
                 raise ConfigError("--limit-unit", "cost needs --cost-header (got none)")
         if self.max_queue < 0:
             raise ConfigError("--max-queue", f"must be an integer >= 0, got {self.max_queue}")
-        try:
-            Discipline.parse(self.discipline)
-        except ConfigError as exc:
-            raise ConfigError("--discipline", str(exc).removeprefix("discipline: ")) from None
+        Discipline.parse(self.discipline, "--discipline")
         _positive(self.max_queue_wait, "--max-queue-wait")
         _positive(self.deadline, "--deadline")
         for flag, value in (
