@@ -4,11 +4,17 @@
     .venv/bin/python bench/little_trace.py 2 --seeds 1,2 --rounds 5   # core cell 2, every 5th round
     .venv/bin/python bench/little_trace.py 19 --sample-seed 7   # cell 19 of that draw
     .venv/bin/python bench/little_trace.py e2 --e2-sigma 0.02 --no-deadline --seeds 2 --rounds 1
+    .venv/bin/python bench/little_trace.py "cost:w4 exponential 100ms 3x t3" --discipline shortest
 
 ``e2`` traces E2 in the simulator instead (7 workers, 1 s -> 2 s at 60 s, 5 req/s, 2.5 s
 timeout, as ``bench/sim_compare.py --only e2``; ``--e2-sigma`` gives its service times a
 machine's jitter, log-normal): the score is the goodput after the change over the new
 capacity, the column ``bench/sim_compare.py`` prints.
+
+``cost:LABEL`` traces a cell of ``bench/cost_aware.py`` instead (requests that cost
+different amounts, costs log-uniform over 1..100, cost-aware admission, the queue in
+``--discipline`` order): the score is its goodput over the whole run, counted as
+``--count`` (requests that met their deadline, or cost units), as that bench counts it.
 
 The cell is given by its label (as ``bench/robustness.py`` prints it; any combination
 parses, drawn or not) or by its index
@@ -36,6 +42,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import cost_aware
 from loadshed.limits.base import Sample
 from loadshed.limits.little import Little
 from loadshed.sim import metrics
@@ -74,9 +81,61 @@ def score_e2(e2: E2, limit: str, seed: int) -> float:
     return float(result["steps"][1]["goodput_ratio"])
 
 
-def score_any(target: Cell | E2, limit: str, seed: int) -> float:
-    """A robustness cell's score, or E2's after the change."""
-    return score_e2(target, limit, seed) if isinstance(target, E2) else score(target, limit, seed)
+@dataclass(frozen=True)
+class CostTarget:
+    """A cell of ``bench/cost_aware.py``, cost-aware, its queue in ``discipline`` order,
+    scored on ``count`` (``requests`` or ``cost``)."""
+
+    cell: cost_aware.Cell
+    discipline: str
+    count: str
+
+    @property
+    def workers(self) -> int:
+        return self.cell.workers
+
+    @property
+    def service_time(self) -> float:
+        return self.cell.service_time
+
+    @property
+    def duration(self) -> float:
+        return self.cell.duration
+
+    @property
+    def label(self) -> str:
+        return f"{self.cell.label} ({self.discipline}, {self.count})"
+
+
+def score_cost(target: CostTarget, limit: str, seed: int) -> float:
+    """A cost cell's goodput ratio over the whole run, one seed, as cost_aware.py scores
+    it (default cost distribution and fixed share)."""
+    requests, cost = cost_aware.score(
+        target.cell, limit, True, seed, "loguniform:1:100", 0.1, target.discipline
+    )
+    return requests if target.count == "requests" else cost
+
+
+Target = Cell | E2 | CostTarget
+
+
+def score_any(target: Target, limit: str, seed: int) -> float:
+    """A robustness cell's score, E2's after the change, or a cost cell's."""
+    if isinstance(target, E2):
+        return score_e2(target, limit, seed)
+    if isinstance(target, CostTarget):
+        return score_cost(target, limit, seed)
+    return score(target, limit, seed)
+
+
+def find_cost_cell(label: str) -> cost_aware.Cell:
+    """The cell of ``bench/cost_aware.py`` labelled ``label``."""
+    cells = cost_aware.cells()
+    for cell in cells:
+        if cell.label == label:
+            return cell
+    labels = "\n  ".join(c.label for c in cells)
+    raise SystemExit(f"cell: no cost cell labelled {label!r}; bench/cost_aware.py has:\n  {labels}")
 
 
 def find_cell(spec: str, cells: int, sample_seed: int) -> Cell:
@@ -194,7 +253,7 @@ def _patch(recorder: _Recorder) -> Callable[[], None]:
     return undo
 
 
-def trace(cell: Cell | E2, seed: int, every: int) -> tuple[float, _Recorder]:
+def trace(cell: Target, seed: int, every: int) -> tuple[float, _Recorder]:
     """``little``'s score on ``cell`` for ``seed`` and what it did."""
     recorder = _Recorder(every)
     undo = _patch(recorder)
@@ -205,7 +264,7 @@ def trace(cell: Cell | E2, seed: int, every: int) -> tuple[float, _Recorder]:
     return result, recorder
 
 
-def duration(cell: Cell | E2) -> float:
+def duration(cell: Target) -> float:
     """The run's length in seconds."""
     return 120.0 if isinstance(cell, E2) else cell.duration
 
@@ -215,7 +274,7 @@ def _window_line(name: str, row: list[float]) -> str:
 
 
 def report(
-    cell: Cell | E2,
+    cell: Target,
     seed: int,
     fixed: list[int],
     every: int,
@@ -264,12 +323,24 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("cell", help="a cell's label, its index in the draw, or e2")
+    parser.add_argument(
+        "cell", help="a cell's label, its index in the draw, e2, or cost:LABEL (cost_aware.py)"
+    )
     parser.add_argument(
         "--e2-sigma", type=float, help="with e2: log-normal service, this sigma (e.g. 0.02)"
     )
     parser.add_argument(
         "--no-deadline", action="store_true", help="with e2: clients send no deadline"
+    )
+    parser.add_argument(
+        "--discipline",
+        choices=["fifo", "lifo", "codel", "shortest"],
+        help="with cost:LABEL: the queue's order (default fifo)",
+    )
+    parser.add_argument(
+        "--count",
+        choices=["requests", "cost"],
+        help="with cost:LABEL: goodput counted in requests (default) or cost units",
     )
     parser.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
     parser.add_argument("--fixed", default="", help="fixed limits to compare (default W-1,W,W+1)")
@@ -303,13 +374,21 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.e2_sigma is not None and not args.e2_sigma > 0:
         parser.error(f"--e2-sigma must be > 0, got {args.e2_sigma:g}")
-    cell: Cell | E2
+    cell: Target
     if args.cell.lower() == "e2":
         cell = E2(args.e2_sigma, deadlines=not args.no_deadline)
     elif args.e2_sigma is not None or args.no_deadline:
         parser.error("--e2-sigma and --no-deadline go with the cell e2")
+    elif args.cell.startswith("cost:"):
+        cell = CostTarget(
+            find_cost_cell(args.cell.removeprefix("cost:")),
+            args.discipline or "fifo",
+            args.count or "requests",
+        )
     else:
         cell = find_cell(args.cell, args.cells, args.sample_seed)
+    if not isinstance(cell, CostTarget) and (args.discipline or args.count):
+        parser.error("--discipline and --count go with a cost:LABEL cell")
     if not fixed:
         w = cell.workers
         fixed = [n for n in (w - 1, w, w + 1) if n >= 1]
