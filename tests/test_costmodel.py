@@ -630,3 +630,53 @@ def test_a_simulated_costed_run_serves_more_requests_shortest_first() -> None:
         )
         goodput[discipline] = sum(step["goodput_rps"] for step in result["steps"])
     assert goodput["shortest"] > 1.05 * goodput["fifo"]
+
+
+def test_work_and_excess_are_relative_to_the_mean_cost_of_successes() -> None:
+    model = CostModel(min_samples=4)
+    assert model.work(10.0) == 1.0 and model.excess(10.0) == 0.0  # nothing fitted
+    for cost in (1.0, 3.0, 1.0, 3.0):
+        model.add(cost, 0.01 + 0.02 * cost)
+    assert model.mean_cost == pytest.approx(2.0)
+    # A mean success takes 0.05 s: cost 5 is 0.11 s, 2.2 of it and 0.06 s more.
+    assert model.work(5.0) == pytest.approx(2.2)
+    assert model.excess(5.0) == pytest.approx(0.06)
+    assert model.excess(1.0) == pytest.approx(-0.02)
+
+
+@pytest.mark.parametrize(
+    ("dist", "load", "seed"),
+    [
+        ("exponential", 60.0, 2),
+        ("exponential", 120.0, 1),
+        ("lognormal", 120.0, 1),
+        ("lognormal", 120.0, 2),
+    ],
+)
+def test_little_told_the_costs_holds_near_the_workers_when_cheap_requests_go_first(
+    dist: str, load: float, seed: int
+) -> None:
+    """4 workers, costs log-uniform over 1..100, served shortest first: bursts of cheap
+    requests end together. Measured as counted requests, they read as 10 to 40 workers
+    and little held a mean limit of 7 to 13 in these runs; measured as mean requests
+    (latency less the cost's excess, completions weighed by work) it stays near 4
+    (bench/results/cost_trace_w4_stop51.md)."""
+    result = run_capacity_change(
+        limiter=LimiterConfig("little", discipline="shortest"),
+        workers=4,
+        service_time=0.1,
+        change_to=0.1,
+        dist=dist,
+        sigma=0.5,
+        rate=load,
+        arrivals="poisson",
+        client_workers=0,
+        timeout=0.3,
+        origin_queue=None,
+        duration=max(60.0, 6000 / load),  # as bench/cost_aware.py
+        cost_dist="loguniform:1:100",
+        cost_fixed=0.1,
+        seed=seed,
+    )
+    mean_limit = result["steps"][0]["mean_limit"]
+    assert 3.0 <= mean_limit <= 6.5, mean_limit

@@ -1032,6 +1032,12 @@ class Admission:
             # tuple.__new__ builds the named tuple without its Python-level __new__.
             deadline = token.deadline
             slack = _INF if deadline is None else deadline - now
+            cost = token.cost
+            work, excess = (
+                (1.0, 0.0)
+                if cost is None
+                else (self.cost_model.work(cost), self.cost_model.excess(cost))
+            )
             # The algorithm sees the slot's time: a vacated slot was handed on when the
             # work ended, before the response was sent. Timed at the release, the
             # request its slot went to would look admitted before this one ended and
@@ -1047,6 +1053,8 @@ class Admission:
                     self._queued,
                     slack,
                     token.queue_wait,
+                    work,
+                    excess,
                 ),
             )
             self.algorithm.update(sample)

@@ -39,6 +39,7 @@ __all__ = ["MAX_COST", "CostModel", "check_cost", "fit_cost_line"]
 _TRIM_SDS = 3.0  # residuals beyond this many robust standard deviations are dropped
 _MAD_TO_SD = 1.4826  # the median absolute deviation of a normal sample, in standard deviations
 _HIGH_QUANTILE = 0.9
+_COST_MEMORY = 1024  # successes the mean cost (the reference of work and excess) weighs
 # Costs with a coefficient of variation below this cannot separate intercept and slope.
 _MIN_COST_CV = 0.05
 
@@ -75,6 +76,8 @@ class CostModel:
     """
 
     __slots__ = (
+        "_cost_mean",
+        "_costs_seen",
         "_first_fit_done",
         "_high_ratio",
         "_intercept",
@@ -105,6 +108,9 @@ class CostModel:
         self._intercept: float | None = None
         self._slope: float | None = None
         self._high_ratio = 1.0
+        # The mean cost of successes, over about the last _COST_MEMORY of them.
+        self._cost_mean = 0.0
+        self._costs_seen = 0
         if intercept is not None and slope is not None:
             for field, value in (("cost_intercept", intercept), ("cost_slope", slope)):
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -140,6 +146,9 @@ class CostModel:
         if not (cost > 0 and seconds > 0 and math.isfinite(cost) and math.isfinite(seconds)):
             return
         self._samples.append((cost, seconds))
+        if self._costs_seen < _COST_MEMORY:
+            self._costs_seen += 1
+        self._cost_mean += (cost - self._cost_mean) / self._costs_seen
         self._pending += 1
         if self._first_fit_done:
             if self._pending >= self.refit_every:
@@ -154,6 +163,34 @@ class CostModel:
             return None
         assert self._intercept is not None
         return self._intercept + slope * cost
+
+    @property
+    def mean_cost(self) -> float | None:
+        """The mean cost of recent successes (about the last 1,024), or None before any."""
+        return self._cost_mean if self._costs_seen else None
+
+    def work(self, cost: float) -> float:
+        """The predicted service of a request of ``cost`` as a share of a mean
+        success's (the prediction at :attr:`mean_cost`); 1.0 while no model is fitted
+        or no success was seen. A limit algorithm that counts completions weighs them
+        by it (:attr:`loadshed.limits.base.Sample.work`)."""
+        slope = self._slope
+        if slope is None or not self._costs_seen:
+            return 1.0
+        assert self._intercept is not None
+        mean = self._intercept + slope * self._cost_mean
+        if not mean > 0:
+            return 1.0
+        return (self._intercept + slope * cost) / mean
+
+    def excess(self, cost: float) -> float:
+        """Seconds a request of ``cost`` is predicted to take over a success of the
+        mean cost (negative when cheaper); 0.0 while no model is fitted or no success
+        was seen (:attr:`loadshed.limits.base.Sample.excess`)."""
+        slope = self._slope
+        if slope is None or not self._costs_seen:
+            return 0.0
+        return slope * (cost - self._cost_mean)
 
     def high(self, cost: float) -> float | None:
         """A conservative time for ``cost``: the prediction x the 90th percentile of

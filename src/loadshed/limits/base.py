@@ -32,6 +32,13 @@ class Sample(NamedTuple):
         learned patience) when it was released; inf without one.
     waited: seconds the request waited for admission before it was admitted (0 if
         admitted at once or unknown).
+    work: the request's predicted service as a share of a mean request's, from its
+        cost (:meth:`loadshed.costmodel.CostModel.work`); 1.0 without a cost or
+        before the cost model is fitted.
+    excess: seconds the request's cost predicts it takes over a mean request
+        (negative for a cheap one; :meth:`loadshed.costmodel.CostModel.excess`); 0.0
+        without a cost or before the cost model is fitted. ``rtt - excess`` is the
+        latency a mean request would have had.
 
     A named tuple (immutable, like a frozen dataclass) because one is built per
     released request: on CPython 3.11 a frozen dataclass took ~1 us to build, a
@@ -45,6 +52,8 @@ class Sample(NamedTuple):
     queued: int = 0
     slack: float = math.inf
     waited: float = 0.0
+    work: float = 1.0
+    excess: float = 0.0
 
 
 def check_bounds(initial: int, min_limit: int, max_limit: int) -> None:

@@ -15,6 +15,9 @@ are dropped. When service times vary widely, means replace minima: the unqueued 
 latency from a fit of latency against in-flight level (``loadshed.limits.knee``), a
 rate pooled over windows of rounds (each window's rate x the mean latency of its time),
 and a start-up that doubles the limit while completions per slot-second hold.
+Requests of known cost (``Sample.work``, ``Sample.excess``) are measured as mean
+requests: their latency less what their cost adds, completions weighed by their work,
+rate windows as wide as the spread of the costs needs, and means always.
 
 Every rule and default, with the reason for each: docs/limits.md, "``little``,
 loadshed's default".
@@ -96,6 +99,11 @@ _RATE_PRECISION = 0.05
 _CEILING_LAPSE = 2
 _RATE_WINDOW_MAX = 1024  # requests: the widest rate window
 _RATE_WINDOWS = 3  # windows the rate maximum spans at least (in requests: 3 x a window)
+# Requests of known cost: the spread of their work is remembered over about this many
+# requests, and a latency less its cost's excess is at least this share of it (a
+# prediction is a fit, and a cheap request's latency is mostly the round trip).
+_WORK_MEMORY = 1024
+_MEAN_REQUEST_FLOOR = 0.1
 # Headroom (loadshed.limits.headroom): slots beyond the estimate that keep a job handed
 # ahead to each worker, kept only while a trial shows they pay.
 _TRIAL_FIRST = 2  # x cycle_rounds of cruise before the first trial
@@ -159,6 +167,8 @@ class Little(LimitAlgorithm):
     _round_ended: int  # every request that ended in the round (served or dropped)
     _round_count_sum: float  # completions seen during the round's requests' lives
     _round_rtt_sum: float
+    _round_latency_sum: float  # of the latencies as mean requests (rtt less excess)
+    _round_work_sum: float
     _round_max_inflight: int  # the most in flight at any counted request's admission
 
     def __init__(
@@ -207,6 +217,12 @@ class Little(LimitAlgorithm):
         # forgotten) to count the completions during each request's lifetime.
         self._completions: list[float] = []
         self._history_start = 0
+        # Requests of known cost: the running mean and mean square of their work, and
+        # whether any has been seen with a fitted cost model (see _measure_as_mean).
+        self._work_seen = 0
+        self._work_mean = 0.0
+        self._work_square = 0.0
+        self._costed = False
         # The state machine.
         self._state = _State.STARTUP
         self._startup_best_rate = 0.0
@@ -431,6 +447,20 @@ class Little(LimitAlgorithm):
         if sample.queued > 0:
             self._round_saturated = True  # demand beyond the limit right now
         dropped = sample.dropped
+        work = sample.work
+        if work != 1.0 or self._work_seen:
+            seen = self._work_seen = min(self._work_seen + 1, _WORK_MEMORY)
+            self._work_mean += (work - self._work_mean) / seen
+            self._work_square += (work * work - self._work_square) / seen
+        # The latency this request would have had at a mean request's cost: what the
+        # limit measures (a cheap request's short latency is no sign of a free worker,
+        # nor an expensive one's long latency of a queue).
+        latency = rtt
+        if sample.excess != 0.0:
+            self._costed = True
+            latency = rtt - sample.excess
+            if latency < _MEAN_REQUEST_FLOOR * rtt:
+                latency = _MEAN_REQUEST_FLOOR * rtt
         if (
             dropped
             and in_round
@@ -438,7 +468,8 @@ class Little(LimitAlgorithm):
             and (
                 (self._variable and self._state is not _State.STARTUP)
                 or sample.waited <= 0.0
-                or rtt > _LEVEL_RISE * (self._latency_mean if self._variable else self._latency_min)
+                or latency
+                > _LEVEL_RISE * (self._latency_mean if self._variable else self._latency_min)
             )
         ):
             # A request that waited for its slot and was then served as fast as with
@@ -457,7 +488,7 @@ class Little(LimitAlgorithm):
         # means without it keep only the requests short enough to beat the timeout,
         # a bias that would ratchet the limit down round after round. A fast failure
         # (an upstream's 503) measured nothing.
-        if not dropped or (self._variable and rtt >= _LATE_SERVED * self._latency_mean):
+        if not dropped or (self._variable and latency >= _LATE_SERVED * self._latency_mean):
             # Any request's delivery rate is a lower bound on capacity, whenever it
             # was admitted (the filter takes them all); judging this round's limit
             # (probe, drain) takes only the requests admitted under it.
@@ -475,33 +506,35 @@ class Little(LimitAlgorithm):
             filter_rate = judged_rate if self._state is _State.PROBE else rate
             if filter_rate > self._round_rate and not dropped:
                 self._round_rate = filter_rate
-            if rtt > self._cut_threshold and self._limit > self._cut_above:
+            if latency > self._cut_threshold and self._limit > self._cut_above:
                 self._cut_if_queued()
             # Means take every completion, whenever admitted: the requests admitted
             # in a round that also end in it are the short ones.
             self._round_completed += 1
+            self._round_work_sum += work
             self._round_count_sum += count
             self._round_rtt_sum += rtt
+            self._round_latency_sum += latency
             if sample.inflight > self._round_max_inflight:
                 self._round_max_inflight = sample.inflight
             # Successive differences at one in-flight level measure the spread of
             # service times; a step change (a slower model) adds one term.
             inflight = sample.inflight
             last = self._level_last.get(inflight)
-            self._level_last[inflight] = rtt
+            self._level_last[inflight] = latency
             level = self._round_levels.get(inflight)
             if level is None:
                 level = self._round_levels[inflight] = [0.0, 0.0, 0.0, 0.0]
             level[0] += 1.0
-            level[1] += rtt
+            level[1] += latency
             if last is not None:
-                difference = rtt - last
+                difference = latency - last
                 level[2] += difference * difference  # (** overflows on huge floats)
                 level[3] += 1.0
             if in_round and not dropped:
                 self._round_successes += 1
-                if rtt < self._round_latency:
-                    self._round_latency = rtt
+                if latency < self._round_latency:
+                    self._round_latency = latency
                 if judged_rate > self._round_own_rate:
                     self._round_own_rate = judged_rate
                 if sample.inflight >= self._limit:
@@ -593,6 +626,8 @@ class Little(LimitAlgorithm):
         self._round_ended = 0
         self._round_count_sum = 0.0
         self._round_rtt_sum = 0.0
+        self._round_latency_sum = 0.0
+        self._round_work_sum = 0.0
         self._round_max_inflight = 0
 
     def _end_round(self, now: float) -> None:
@@ -606,12 +641,18 @@ class Little(LimitAlgorithm):
         saturated = self._round_saturated
         levels = self._round_levels
         count_sum, rtt_sum = self._round_count_sum, self._round_rtt_sum
-        pooled_rate = count_sum / rtt_sum if rtt_sum > 0 else 0.0
         completed = self._round_completed
+        if completed and self._round_work_sum != completed:
+            # Requests of known cost: the completions counted are mostly of the kind
+            # that ended in this round (a queue served shortest first ends many cheap
+            # ones together), so their mean work turns a rate of requests into one of
+            # mean requests, what the unqueued mean latency is of.
+            count_sum *= self._round_work_sum / completed
+        pooled_rate = count_sum / rtt_sum if rtt_sum > 0 else 0.0
         ended, round_limit = self._round_ended, self._limit
         most_in_flight = self._round_max_inflight
         duration = now - self._round_start
-        round_mean = self._round_rtt_sum / completed if completed else math.inf
+        round_mean = self._round_latency_sum / completed if completed else math.inf
         if self._state is _State.STARTUP and completed and rtt_sum > 0:
             # Little's law bounds any rate the round can show: throughput = mean in
             # flight / mean latency <= most in flight / mean latency. One request's
@@ -1084,7 +1125,9 @@ class Little(LimitAlgorithm):
         cv = 0.0
         if measured is not None:
             self._latency_sd, cv = measured
-        if not self._variable and (cv > _VARIABLE_ON or queued_cv > _VARIABLE_ON_QUEUED):
+        if not self._variable and (
+            cv > _VARIABLE_ON or queued_cv > _VARIABLE_ON_QUEUED or self._costed
+        ):
             # Minima undercount the workers: measure again with means from start-up,
             # which doubles the limit at once (the minima left it far too low).
             if cv <= _VARIABLE_ON:
@@ -1111,7 +1154,10 @@ class Little(LimitAlgorithm):
                 self._cruise_here()
             else:
                 self._limit = self._clamp(_STARTUP_GAIN * self._limit)
-        elif self._variable and cv < _VARIABLE_OFF:
+        elif self._variable and cv < _VARIABLE_OFF and not self._costed:
+            # (Requests of known cost keep means: however constant their latencies as
+            # mean requests, one request's delivery rate counts completions of others'
+            # costs, and only windows pool them into a rate.)
             self._variable = False
             self._floor = 0
             self._enter_cruise_if_known()
@@ -1162,6 +1208,12 @@ class Little(LimitAlgorithm):
             return 2 * _VARIABLE_STARTUP_ROUND if self._state is _State.STARTUP else _VARIABLE_ROUND
         mean = self._latency_mean
         cv = self._latency_sd / mean if 0 < mean < math.inf else 1.0
+        if self._work_seen and self._work_mean > 0:
+            # Costs spread the rate of a window as the service's spread does, and are
+            # known from the first requests (the latencies' spread, measured as mean
+            # requests, leaves them out).
+            work_variance = max(0.0, self._work_square - self._work_mean * self._work_mean)
+            cv = max(cv, math.sqrt(work_variance) / self._work_mean)
         tolerance = max(_RATE_PRECISION, 0.5 / max(1.0, self.estimate()))
         need = math.ceil((cv / tolerance) ** 2)
         return max(_VARIABLE_ROUND, min(_RATE_WINDOW_MAX, need))
