@@ -101,7 +101,8 @@ _RATE_WINDOW_MAX = 1024  # requests: the widest rate window
 _RATE_WINDOWS = 3  # windows the rate maximum spans at least (in requests: 3 x a window)
 # Requests of known cost: the spread of their work is remembered over about this many
 # requests, and a latency less its cost's excess is at least this share of it (a
-# prediction is a fit, and a cheap request's latency is mostly the round trip).
+# prediction is a fit: an expensive request that ran far faster than predicted would
+# otherwise read as a latency near zero).
 _WORK_MEMORY = 1024
 _MEAN_REQUEST_FLOOR = 0.1
 # Headroom (loadshed.limits.headroom): slots beyond the estimate that keep a job handed
@@ -320,7 +321,8 @@ class Little(LimitAlgorithm):
 
     @property
     def latency_min(self) -> float:
-        """The filtered minimum round latency (seconds); inf before the first round."""
+        """The filtered minimum round latency (seconds; of requests of known cost, as a
+        mean request's: ``rtt - excess``); inf before the first round."""
         return self._latency_min
 
     @property
@@ -372,7 +374,8 @@ class Little(LimitAlgorithm):
     def service_mean(self) -> float:
         """The mean latency without a queue fitted to the in-flight levels, or after a
         slower service was found the drain's mean until the next fit (seconds; the
-        estimate's latency while service times vary); inf before the first fit."""
+        estimate's latency while service times vary; of requests of known cost, as a
+        mean request's); inf before the first fit."""
         return self._latency_mean
 
     def estimate(self) -> float:
@@ -456,7 +459,7 @@ class Little(LimitAlgorithm):
         # limit measures (a cheap request's short latency is no sign of a free worker,
         # nor an expensive one's long latency of a queue).
         latency = rtt
-        if sample.excess != 0.0:
+        if sample.excess != 0.0 and rtt > 0.0:
             self._costed = True
             latency = rtt - sample.excess
             if latency < _MEAN_REQUEST_FLOOR * rtt:
