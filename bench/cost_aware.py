@@ -136,6 +136,11 @@ def run(
             for aware in (True, False)
             for seed in range(1, seeds + 1)
         ]
+        # No protection: no limiter, so the costs change nothing (run once).
+        work += [
+            (index, cell, "none", False, seed, cost_dist, fixed, discipline)
+            for seed in range(1, seeds + 1)
+        ]
     work.sort(key=lambda j: -j[1].workers * j[1].load * j[1].duration)
     scores: dict[tuple[int, str, bool], list[tuple[float, float]]] = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -170,6 +175,7 @@ def run(
                 # the limit set to the worker count, told the costs: the cost mechanism
                 # alone, without little's limit
                 "workers_aware_vs_oracle": round(workers_aware / oracle, 4),
+                "none": round(mean("none", False, which), 4),
             }
         # The best any one hand-set limit does on both counts at once (each as a share
         # of its own count's oracle): what "at least x of the oracle on both" can reach.
@@ -216,6 +222,13 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
             f"{statistics.median(aware):.3f}, below 0.95 in {below}/{len(rows)}; cost-blind min "
             f"{min(blind):.3f}, median {statistics.median(blind):.3f}; aware ahead of blind in "
             f"{ahead}/{len(rows)}"
+        )
+    for count in ("requests", "cost"):
+        over_none = [r[count]["little_aware"] - r[count]["none"] for r in rows]
+        lines.append(
+            f"- {count}: cost-aware little minus no protection (shares of capacity) min "
+            f"{min(over_none):+.3f}, median {statistics.median(over_none):+.3f}; no protection "
+            f"ahead by more than 0.005 in {sum(1 for v in over_none if v < -0.005)}/{len(rows)}"
         )
     for count in ("requests", "cost"):
         workers = [r[count]["workers_aware_vs_oracle"] for r in rows]
