@@ -89,6 +89,9 @@ class CostTarget:
     cell: cost_aware.Cell
     discipline: str
     count: str
+    cost_dist: str = "loguniform:1:100"
+    cost_fixed: float = 0.1
+    aware: bool = True
 
     @property
     def workers(self) -> int:
@@ -104,14 +107,24 @@ class CostTarget:
 
     @property
     def label(self) -> str:
-        return f"{self.cell.label} ({self.discipline}, {self.count})"
+        told = "" if self.aware else ", cost-blind"
+        return (
+            f"{self.cell.label} ({self.discipline}, {self.count}, {self.cost_dist}, "
+            f"fixed share {self.cost_fixed:g}{told})"
+        )
 
 
 def score_cost(target: CostTarget, limit: str, seed: int) -> float:
     """A cost cell's goodput ratio over the whole run, one seed, as cost_aware.py scores
-    it (default cost distribution and fixed share)."""
+    it."""
     requests, cost = cost_aware.score(
-        target.cell, limit, True, seed, "loguniform:1:100", 0.1, target.discipline
+        target.cell,
+        limit,
+        target.aware,
+        seed,
+        target.cost_dist,
+        target.cost_fixed,
+        target.discipline,
     )
     return requests if target.count == "requests" else cost
 
@@ -342,6 +355,20 @@ def main(argv: list[str] | None = None) -> int:
         choices=["requests", "cost"],
         help="with cost:LABEL: goodput counted in requests (default) or cost units",
     )
+    parser.add_argument(
+        "--cost-dist",
+        help="with cost:LABEL: the costs' distribution (default loguniform:1:100)",
+    )
+    parser.add_argument(
+        "--cost-fixed",
+        type=float,
+        help="with cost:LABEL: the service time's share that no cost explains (default 0.1)",
+    )
+    parser.add_argument(
+        "--blind",
+        action="store_true",
+        help="with cost:LABEL: run the same traffic with the costs not told to loadshed",
+    )
     parser.add_argument("--seeds", default="1,2", help="comma-separated seeds (default 1,2)")
     parser.add_argument("--fixed", default="", help="fixed limits to compare (default W-1,W,W+1)")
     parser.add_argument("--rounds", type=int, default=0, help="print every K-th round (0: none)")
@@ -384,11 +411,20 @@ def main(argv: list[str] | None = None) -> int:
             find_cost_cell(args.cell.removeprefix("cost:")),
             args.discipline or "fifo",
             args.count or "requests",
+            args.cost_dist or "loguniform:1:100",
+            0.1 if args.cost_fixed is None else args.cost_fixed,
+            aware=not args.blind,
         )
     else:
         cell = find_cell(args.cell, args.cells, args.sample_seed)
-    if not isinstance(cell, CostTarget) and (args.discipline or args.count):
-        parser.error("--discipline and --count go with a cost:LABEL cell")
+    cost_options = (args.discipline, args.count, args.cost_dist, args.cost_fixed)
+    if not isinstance(cell, CostTarget) and (
+        any(option is not None for option in cost_options) or args.blind
+    ):
+        parser.error(
+            "--discipline, --count, --cost-dist, --cost-fixed and --blind go with a "
+            "cost:LABEL cell"
+        )
     if not fixed:
         w = cell.workers
         fixed = [n for n in (w - 1, w, w + 1) if n >= 1]

@@ -31,6 +31,13 @@ The **oracle** of a cell is the best ``fixed:N`` for the whole run, N swept over
 algorithm is reported as its score over the oracle's. The cells are drawn from the
 full product with a seeded generator (``--cells``, ``--sample-seed``), always
 including a fixed core of hard cases; ``--quick`` runs a small subset.
+
+``--grid`` runs a full product instead of a draw: the ordinary steady server under
+random arrivals, every combination of 2 to 32 workers, the variable service shapes
+(``--services`` to change them), 2x and 4x load, deadlines sent or not; Poisson
+arrivals, 100 ms mean service, clients that wait 3 mean service times. A draw mixes
+hard cases with easy ones; the grid shows how a limit does on the plain case, cell by
+neighbouring cell (the draw has few such neighbours).
 """
 
 from __future__ import annotations
@@ -65,6 +72,10 @@ LOADS = (1.2, 2.0, 4.0)
 TIMEOUTS = (2.0, 3.0, 5.0, 10.0)  # mean service times
 CHANGES = ("steady", "slower", "faster", "fewer", "more")
 MEAN_SERVICE = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+# --grid: the plain steady server, every combination (see the module docstring).
+GRID_WORKERS = (2, 4, 8, 16, 32)
+GRID_SERVICES = (("exponential", 0.0), ("lognormal", 0.5), ("lognormal", 1.0))
+GRID_LOADS = (2.0, 4.0)
 
 
 @dataclass(frozen=True)
@@ -196,6 +207,18 @@ def draw_cells(
             seen.add(cell)
             cells.append(cell)
     return cells
+
+
+def grid_cells(services: tuple[tuple[str, float], ...] = GRID_SERVICES) -> list[Cell]:
+    """Every combination of ``GRID_WORKERS``, ``services``, ``GRID_LOADS`` and deadlines
+    sent or not: Poisson arrivals, 100 ms, clients that wait 3 services, steady."""
+    return [
+        Cell(workers, service, sigma, 0.1, "poisson", load, 3.0, "steady", deadlines)
+        for workers in GRID_WORKERS
+        for service, sigma in services
+        for load in GRID_LOADS
+        for deadlines in (True, False)
+    ]
 
 
 # Settings every limiter of the run gets (``--wait-ceiling``); the pool's processes
@@ -419,10 +442,16 @@ def main() -> int:
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
     parser.add_argument("--quick", action="store_true", help="the core cells only, one seed")
     parser.add_argument(
+        "--grid",
+        action="store_true",
+        help="the full product of plain steady cells (see above) instead of a draw",
+    )
+    parser.add_argument(
         "--services",
-        default="constant,exponential,lognormal:0.5,lognormal:1",
         help="service shapes the drawn cells take (the core cells are kept), e.g. "
-        "lognormal:0.02,lognormal:0.05 for a nearly constant service with jitter",
+        "lognormal:0.02,lognormal:0.05 for a nearly constant service with jitter "
+        "(default: constant,exponential,lognormal:0.5,lognormal:1; with --grid "
+        "exponential,lognormal:0.5,lognormal:1)",
     )
     parser.add_argument(
         "--changes",
@@ -457,10 +486,14 @@ def main() -> int:
         parser.error(f"--algorithms: unknown {unknown}, allowed: {allowed}")
     if args.cells < 1 or args.seeds < 1 or args.jobs < 1:
         parser.error("--cells, --seeds and --jobs must be >= 1")
-    try:
-        services = parse_services(args.services)
-    except ValueError as error:
-        parser.error(f"--services: {error}")
+    services = GRID_SERVICES if args.grid else SERVICES
+    if args.services is not None:
+        try:
+            services = parse_services(args.services)
+        except ValueError as error:
+            parser.error(f"--services: {error}")
+    if args.grid and (args.quick or args.changes is not None):
+        parser.error("--grid is its own set of cells: not with --quick or --changes")
     changes: tuple[str, ...] | None = None
     if args.changes is not None:
         changes = tuple(c.strip() for c in args.changes.split(",") if c.strip())
@@ -468,7 +501,9 @@ def main() -> int:
         if wrong or not changes:
             allowed = ",".join(CHANGES)
             parser.error(f"--changes: unknown {wrong or args.changes!r}, allowed: {allowed}")
-    if args.quick:
+    if args.grid:
+        cells = grid_cells(services)
+    elif args.quick:
         cells = [c for c in _core_cells() if changes is None or c.change in changes]
     else:
         cells = draw_cells(args.cells, args.sample_seed, services, changes)
