@@ -422,8 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         any(option is not None for option in cost_options) or args.blind
     ):
         parser.error(
-            "--discipline, --count, --cost-dist, --cost-fixed and --blind go with a "
-            "cost:LABEL cell"
+            "--discipline, --count, --cost-dist, --cost-fixed and --blind go with a cost:LABEL cell"
         )
     if not fixed:
         w = cell.workers
