@@ -4,6 +4,7 @@ order, read from the order requests end. Virtual time, seeded: deterministic."""
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Callable
 
@@ -177,3 +178,58 @@ def test_at_least_stays_under_the_level_in_flight_only_at_a_server_that_serves_i
     shuffled = OvertakeEdge()
     drive(shuffled, workers=2, inflight=6, requests=400, service=exponential(0.1), in_order=False)
     assert shuffled.at_least == shuffled.recent_level == 6
+
+
+def lognormal(mean: float, sigma: float) -> Callable[[random.Random], float]:
+    mu = math.log(mean) - sigma * sigma / 2
+    return lambda rng: rng.lognormvariate(mu, sigma)
+
+
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_the_ceiling_is_the_workers_where_the_histogram_tapers(workers: int) -> None:
+    # Log-normal sigma 0.5: the overtakes taper towards the top (no edge shown), yet
+    # over a long history requests still reach W - 1, and none ever passes it.
+    edge = OvertakeEdge()
+    drive(
+        edge,
+        workers=workers,
+        inflight=workers + 4,
+        requests=4096,
+        service=lognormal(0.1, 0.5),
+    )
+    assert edge.workers is None  # tapering: the edge says nothing
+    assert edge.ceiling == workers
+
+
+def test_no_ceiling_where_the_top_is_a_handful_of_requests() -> None:
+    # 32 log-normal workers: the top few values are a few requests each, a taper that
+    # could go on past them; a ceiling read there would sit under the workers.
+    edge = OvertakeEdge()
+    drive(edge, workers=32, inflight=36, requests=4096, service=lognormal(0.1, 0.5))
+    assert edge.ceiling is None
+
+
+def test_no_ceiling_without_requests_free_to_overtake_more() -> None:
+    # One slot over the workers: a request could overtake W others only if all W + 1
+    # in flight were served at once, and the ceiling asks for more room than that (two
+    # slots over the most overtaken + 1) before it reads the absence as a bound.
+    edge = OvertakeEdge()
+    drive(edge, workers=4, inflight=5, requests=4096, service=exponential(0.1))
+    assert edge.ceiling is None
+    roomy = OvertakeEdge()
+    drive(roomy, workers=4, inflight=6, requests=4096, service=exponential(0.1))
+    assert roomy.ceiling == 4
+
+
+def test_a_server_that_lets_requests_pass_shows_no_ceiling_under_its_limit() -> None:
+    shuffled = OvertakeEdge()
+    drive(
+        shuffled,
+        workers=4,
+        inflight=10,
+        requests=4096,
+        service=exponential(0.1),
+        in_order=False,
+    )
+    ceiling = shuffled.ceiling
+    assert ceiling is None or ceiling >= 10, ceiling

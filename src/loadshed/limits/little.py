@@ -89,6 +89,8 @@ _LATE_SERVED = 0.5  # a drop this long (x the mean) was served late: its latency
 _LEVELS_MEMORY = 2048.0  # requests: all levels together weigh at most this many
 _EDGE_AGREES = 4.0  # the overtake edge counts if at least the estimate / this
 _EDGE_REACHED = 0.75  # ... and the latest requests overtook at least this x it
+# ... and its ceiling (OvertakeEdge.ceiling) caps the limit at one slot over it where
+_FEW_WORKERS = 8  # one slot over the workers adds 1/8 of a service or more
 _LEVEL_RISE = 1.1  # a level this much slower than those below it (and significantly) queued
 # A rate window pools requests until its relative standard error (the service's
 # coefficient of variation over the square root of the requests) is within this, or
@@ -1547,6 +1549,14 @@ class Little(LimitAlgorithm):
                 # lets the next show whether there are more (after the workers grew,
                 # the rate windows take many rounds to follow).
                 base = max(base, self._overtakes.at_least + 1)
+            workers = self._overtakes.ceiling
+            if workers is not None and workers <= _FEW_WORKERS and not self._together:
+                # No request overtook as many as a slot more would let it, over a long
+                # history whose taper says it would have: at most one slot over the
+                # workers that shows (rate x latency, rounded up, reads W + 2 or more on
+                # 4 to 8 log-normal workers, each slot adding S / W to every request;
+                # with more workers a slot adds less, and the taper hides the top).
+                base = min(base, workers + 1)
         if self._ceiling is not None:
             base = min(base, self._ceiling)
         return base + self._headroom
