@@ -1554,8 +1554,10 @@ class Little(LimitAlgorithm):
                 # No request overtook as many as a slot more would let it, over a long
                 # history whose taper says it would have: at most one slot over the
                 # workers that shows (rate x latency, rounded up, reads W + 2 or more on
-                # 4 to 8 log-normal workers, each slot adding S / W to every request;
-                # with more workers a slot adds less, and the taper hides the top).
+                # 4 to 8 log-normal workers, each slot adding S / W to every request).
+                # With more workers a slot adds less, and after they grow a ceiling
+                # rises one worker per request that overtakes every other in flight,
+                # rare on 33 log-normal workers (32 doubled under bursts: -0.04).
                 base = min(base, workers + 1)
         if self._ceiling is not None:
             base = min(base, self._ceiling)

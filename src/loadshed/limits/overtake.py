@@ -32,9 +32,10 @@ workers from above over a long enough history: however the service times vary, n
 request of a first-come-first-served server overtakes ``W`` others, while with more
 workers the requests admitted over ``W + 1`` would, at about the rate the taper
 predicts. :attr:`OvertakeEdge.ceiling` reads that bound over the last
-``_LONG_HISTORY`` requests when the taper says the next value would have shown (4
-log-normal sigma 0.5 workers: 58 requests of 1,041 overtook 3, 198 overtook 2, none
-more; with 32 the top few values are a handful of requests each, and say nothing).
+``_LONG_HISTORY`` requests when the taper says the next value would have shown: on 2
+to 8 log-normal sigma 0.5 workers the top value is held by a share of the requests
+that a few thousand show many times over; on 32 the top few values are a handful of
+requests each, and say nothing.
 """
 
 from __future__ import annotations
