@@ -43,9 +43,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import cost_aware
+from loadshed.errors import ConfigError
 from loadshed.limits.base import Sample
 from loadshed.limits.little import Little
 from loadshed.sim import metrics
+from loadshed.sim.costs import CostDistribution
 from loadshed.sim.request import Status
 from loadshed.sim.scenarios import LimiterConfig, run_capacity_change
 from robustness import Cell, draw_cells, score
@@ -407,6 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.e2_sigma is not None or args.no_deadline:
         parser.error("--e2-sigma and --no-deadline go with the cell e2")
     elif args.cell.startswith("cost:"):
+        try:
+            CostDistribution.parse(
+                args.cost_dist or "loguniform:1:100",
+                0.1 if args.cost_fixed is None else args.cost_fixed,
+            )
+        except ConfigError as error:
+            parser.error("--" + str(error).replace("_", "-", 1))  # cost_fixed: ...
         cell = CostTarget(
             find_cost_cell(args.cell.removeprefix("cost:")),
             args.discipline or "fifo",
@@ -417,6 +426,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         cell = find_cell(args.cell, args.cells, args.sample_seed)
+    if args.cost_dist is not None and not args.cost_dist:
+        parser.error("--cost-dist: empty; allowed: constant:C|uniform:LO:HI|loguniform:LO:HI")
     cost_options = (args.discipline, args.count, args.cost_dist, args.cost_fixed)
     if not isinstance(cell, CostTarget) and (
         any(option is not None for option in cost_options) or args.blind

@@ -435,8 +435,8 @@ def _load_oracles(path: str, cells: list[Cell], seeds: int) -> list[dict[str, An
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cells", type=int, default=40, help="cells to draw (core included)")
-    parser.add_argument("--sample-seed", type=int, default=12)
+    parser.add_argument("--cells", type=int, help="cells to draw (core included; default 40)")
+    parser.add_argument("--sample-seed", type=int, help="the draw's seed (default 12)")
     parser.add_argument("--seeds", type=int, default=2, help="seeds per cell and limit")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS))
@@ -448,7 +448,7 @@ def main() -> int:
     )
     parser.add_argument(
         "--services",
-        help="service shapes the drawn cells take (the core cells are kept), e.g. "
+        help="service shapes the drawn cells take (the core cells are kept) or the grid's, e.g. "
         "lognormal:0.02,lognormal:0.05 for a nearly constant service with jitter "
         "(default: constant,exponential,lognormal:0.5,lognormal:1; with --grid "
         "exponential,lognormal:0.5,lognormal:1)",
@@ -459,7 +459,8 @@ def main() -> int:
         f"allowed: {','.join(CHANGES)}",
     )
     parser.add_argument(
-        "--select", help="only these cells of the drawn list, by position from 0 (e.g. 0,3,9)"
+        "--select",
+        help="only these cells of the drawn list (or the grid), by position from 0 (e.g. 0,3,9)",
     )
     parser.add_argument(
         "--wait-ceiling",
@@ -474,6 +475,19 @@ def main() -> int:
     )
     parser.add_argument("--out", help="markdown file (a .json beside it)")
     args = parser.parse_args()
+    if args.grid and (
+        args.quick
+        or args.changes is not None
+        or args.cells is not None
+        or args.sample_seed is not None
+    ):
+        parser.error(
+            "--grid is its own set of cells: not with --quick, --changes, --cells or --sample-seed"
+        )
+    if args.cells is None:
+        args.cells = 40
+    if args.sample_seed is None:
+        args.sample_seed = 12
     if args.wait_ceiling is not None:
         if not args.wait_ceiling >= 0:
             parser.error(f"--wait-ceiling: seconds >= 0, got {args.wait_ceiling}")
@@ -492,8 +506,6 @@ def main() -> int:
             services = parse_services(args.services)
         except ValueError as error:
             parser.error(f"--services: {error}")
-    if args.grid and (args.quick or args.changes is not None):
-        parser.error("--grid is its own set of cells: not with --quick or --changes")
     changes: tuple[str, ...] | None = None
     if args.changes is not None:
         changes = tuple(c.strip() for c in args.changes.split(",") if c.strip())

@@ -33,7 +33,7 @@ def drive(
     now = start
     waiting: list[tuple[float, int]] = []  # (admitted, level)
     running: list[tuple[float, float, int]] = []  # (ends, admitted, level)
-    count = 0
+    ended = 0
 
     def admit(level: int) -> None:
         waiting.append((now, level))
@@ -47,11 +47,11 @@ def drive(
     for level in range(1, inflight + 1):
         admit(level)
     dispatch()
-    while count < requests:
+    while ended < requests:
         ends, admitted, level = heapq.heappop(running)
         now = ends
         edge.record(now, now - admitted, level, dropped=False, count=count)
-        count += 1
+        ended += 1
         admit(inflight)  # refilled at once: the new one finds the others in flight
         dispatch()
     return now
@@ -231,5 +231,31 @@ def test_a_server_that_lets_requests_pass_shows_no_ceiling_under_its_limit() -> 
         service=exponential(0.1),
         in_order=False,
     )
-    ceiling = shuffled.ceiling
-    assert ceiling is None or ceiling >= 10, ceiling
+    # (In flight at most 10: an M of 8 or more has no room over M + 2.)
+    assert shuffled.ceiling is None
+
+
+def test_the_long_history_keeps_its_last_requests_only() -> None:
+    edge = OvertakeEdge()
+    drive(edge, workers=4, inflight=8, requests=10_000, service=lognormal(0.1, 0.5))
+    assert len(edge._long_overtaken) == len(edge._long_inflight) == 4096
+    assert sum(edge._long_overtakes.values()) == sum(edge._long_levels.values()) == 4096
+    assert min(edge._long_overtakes.values()) > 0 and min(edge._long_levels.values()) > 0
+    assert edge.ceiling == 4
+
+
+def test_one_request_far_past_the_others_is_a_stray_one_just_past_is_not() -> None:
+    # 40 requests overtook 3 (100 overtook 2), admitted at 8 in flight: 4 workers.
+    def history(*extra: int) -> OvertakeEdge:
+        edge = OvertakeEdge()
+        for _ in range(100):
+            edge._remember(2, 8)
+        for _ in range(40):
+            edge._remember(3, 8)
+        for overtaken in extra:
+            edge._remember(overtaken, 8)
+        return edge
+
+    assert history().ceiling == 4
+    assert history(5).ceiling == 4  # alone, two past the top: forgiven
+    assert history(4).ceiling is None  # one past: more workers, perhaps; not yet shown

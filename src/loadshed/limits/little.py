@@ -1556,8 +1556,12 @@ class Little(LimitAlgorithm):
                 # workers that shows (rate x latency, rounded up, reads W + 2 or more on
                 # 4 to 8 log-normal workers, each slot adding S / W to every request).
                 # With more workers a slot adds less, and after they grow a ceiling
-                # rises one worker per request that overtakes every other in flight,
-                # rare on 33 log-normal workers (32 doubled under bursts: -0.04).
+                # lapses at the first request past it but forms again a worker or two
+                # higher once a few dozen reach the new top, which is rare on 33
+                # log-normal workers: it climbs slowly (32 doubled under bursts: -0.04).
+                # Held at the ceiling + 1, no request is admitted over the ceiling + 2:
+                # the ceiling lapses when those leave the history, and a probe or the
+                # estimate shows it again.
                 base = min(base, workers + 1)
         if self._ceiling is not None:
             base = min(base, self._ceiling)

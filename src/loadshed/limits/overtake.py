@@ -87,9 +87,11 @@ class OvertakeEdge:
         # The two most overtaken since the last take_round_bound(), and how many counted.
         self._round_top = [-1, -1]
         self._round_count = 0
-        # The last _LONG_HISTORY requests counted, (overtakes, in flight at admission),
-        # and how many of them overtook k and were admitted at level l (ceiling).
-        self._long: deque[tuple[int, int]] = deque()
+        # The last _LONG_HISTORY requests counted: their overtakes and in flight at
+        # admission (two deques of small ints, cheaper than one of pairs), and how many
+        # of them overtook k and were admitted at level l (ceiling).
+        self._long_overtaken: deque[int] = deque()
+        self._long_inflight: deque[int] = deque()
         self._long_overtakes: Counter[int] = Counter()
         self._long_levels: Counter[int] = Counter()
         self.overtook = False
@@ -142,7 +144,8 @@ class OvertakeEdge:
             self._start = start
 
     def clear(self) -> None:
-        """Forget the histogram (the service changed: its requests overtook old ones)."""
+        """Forget the histogram (the service changed: its requests overtook old ones);
+        the long history :attr:`ceiling` reads is kept."""
         self._window.clear()
         self._counts.clear()
         self._recent.clear()
@@ -184,13 +187,16 @@ class OvertakeEdge:
 
     def _remember(self, overtaken: int, inflight: int) -> None:
         """Add a request to the long history the ceiling reads (and forget the oldest)."""
-        history, overtakes, levels = self._long, self._long_overtakes, self._long_levels
-        history.append((overtaken, inflight))
+        overtakes, levels = self._long_overtakes, self._long_levels
+        self._long_overtaken.append(overtaken)
+        self._long_inflight.append(inflight)
         overtakes[overtaken] += 1
         levels[inflight] += 1
-        if len(history) > _LONG_HISTORY:
-            old_overtaken, old_level = history.popleft()
-            for counter, key in ((overtakes, old_overtaken), (levels, old_level)):
+        if len(self._long_overtaken) > _LONG_HISTORY:
+            for counter, key in (
+                (overtakes, self._long_overtaken.popleft()),
+                (levels, self._long_inflight.popleft()),
+            ):
                 counter[key] -= 1
                 if not counter[key]:
                     del counter[key]
@@ -202,9 +208,12 @@ class OvertakeEdge:
         top, well past the others, forgiven as a stray), or None while the history does
         not show it: at least ``_CEILING_TOP`` requests overtook that many, a taper
         going on past it would have shown ``_CEILING_EVIDENCE`` requests more (the top
-        count x top / the count under it), and ``_CEILING_CHANCES`` requests were
-        admitted over that many + 2, free to overtake more. A server that lets requests
-        pass each other (threads sharing cores) shows no such ceiling under its limit.
+        count x top / the count under it; none under it: a cliff, no taper), and
+        ``_CEILING_CHANCES`` requests were admitted over that many + 2, free to overtake
+        more. A server that lets requests pass each other (threads sharing cores) shows
+        no such ceiling under its limit. One request past it (more workers now) leaves
+        too few at the new top: None until enough reach it. Kept by :meth:`clear`: a
+        slower or faster service has as many workers.
         """
         overtakes = self._long_overtakes
         if not overtakes:
