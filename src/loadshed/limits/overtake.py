@@ -218,7 +218,7 @@ class OvertakeEdge:
         overtakes = self._long_overtakes
         if not overtakes:
             return None
-        seen = sorted(overtakes, reverse=True)
+        seen = heapq.nlargest(2, overtakes)  # the two most overtaken values
         most = seen[0]
         if overtakes[most] == 1 and len(seen) > 1 and seen[1] < most - 1:
             most = seen[1]  # one request far past the others: a stray
