@@ -1052,3 +1052,60 @@ def test_few_log_normal_workers_get_at_most_one_slot_over_them(seed: int) -> Non
     )
     mean_limit = result["steps"][1]["mean_limit"]
     assert 4.0 <= mean_limit <= 5.2, mean_limit
+
+
+@pytest.mark.parametrize("seed", [3, 5, 6])
+def test_two_varying_workers_are_never_drained_to_one_slot(seed: int) -> None:
+    """2 exponential workers, saturated: a drain one slot under 2 idles half the
+    workers for a round; it went to 1 slot after start-up on these seeds (24, 8 and
+    5 completions of 2,700). The queue a probe made clears at the base."""
+    limits = varied_fifo_limits(Little(), workers=2, seed=seed, completions=3000)
+    assert min(limits[300:]) >= 2
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_a_drain_over_the_knee_is_no_proof_of_a_slower_service(seed: int) -> None:
+    """2 exponential workers of 100 ms, Poisson at 4x, clients that wait 3 services
+    (deadline sent): a cruise 2 slots over the workers, drained to 3, still queued
+    and read as a slower service; the estimate, forgotten, rose to 14 slots (mean
+    limit 5.1 over the first half on seed 3). The drain now judges at the knee."""
+    result = run_capacity_change(
+        limiter=LimiterConfig("little"),
+        workers=2,
+        service_time=0.1,
+        change_to=0.1,
+        dist="exponential",
+        rate=80.0,
+        arrivals="poisson",
+        client_workers=0,
+        timeout=0.3,
+        send_deadline=True,
+        origin_queue=None,
+        duration=30.0,
+        seed=seed,
+    )
+    assert all(step["mean_limit"] <= 3.5 for step in result["steps"]), result["steps"]
+
+
+def test_back_off_keeps_the_workers_requests_showed_when_the_estimate_reads_low() -> None:
+    """2 exponential workers of 200 ms, bursts at 2x, clients that wait 2 services and
+    send no deadline: drops bias the mean latency low (an estimate of 1.4), and a
+    back-off under requests seen overtaking another held 1 slot for the second half
+    (mean limit 1.06, 0.32 of capacity, seed 4). At least 2 now."""
+    result = run_capacity_change(
+        limiter=LimiterConfig("little"),
+        workers=2,
+        service_time=0.2,
+        change_to=0.2,
+        dist="exponential",
+        rate=20.0,
+        arrivals="bursts",
+        burst_size=2,
+        client_workers=0,
+        timeout=0.4,
+        send_deadline=False,
+        origin_queue=None,
+        duration=60.0,
+        seed=4,
+    )
+    assert result["steps"][1]["mean_limit"] >= 1.8, result["steps"]

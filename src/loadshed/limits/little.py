@@ -270,6 +270,7 @@ class Little(LimitAlgorithm):
         # to follow with noisy rates, reaches them or a queue shows.
         self._floor = 0
         self._drain_from = _State.STARTUP  # the state the last drain began in
+        self._drain_deepened = False  # this drain went down to the knee to judge
         self._knee: int | None = None  # the last fit's knee (see _fold_levels)
         # Variable service: the workers the last calm cruise round vouched for (its
         # limit, at most the knee), kept through a slower service (_forget_faster_past).
@@ -724,6 +725,16 @@ class Little(LimitAlgorithm):
                 else latency >= _DRAIN_UNCHANGED * self._previous_round_latency
             )
         ):
+            knee = self._knee
+            if variable and not self._drain_deepened and knee is not None and round_limit > knee:
+                # The drain held more slots than the levels showed unqueued (a cruise
+                # 2 slots over 2 exponential workers drained to 3 still queues): it
+                # cannot tell a slower service from the queue its own limit keeps.
+                # One more round at the knee, then judge (a false verdict forgot the
+                # estimate and cruised at 14 slots on 2 workers: 0.79 of `fixed:2`, seed 3).
+                self._drain_deepened = True
+                self._limit = self._clamp(knee)
+                return
             self._forget_faster_past(latency)
         if latency < math.inf:
             # A round of only drops measured no latency: keep the last one measured, so
@@ -908,12 +919,15 @@ class Little(LimitAlgorithm):
                 # requests show at least, by the second most any of them overtook + 1,
                 # if that is under the most they had in flight (they overtook fewer
                 # than they could: workers, not a server that lets every request pass
-                # every other) or not over the estimate. 2 exponential workers under
-                # bursts, clients that leave after 2 services: backed off to 1 slot,
-                # 0.59 of capacity; 0.70 now.
+                # every other) or not over the slots the estimate holds in cruise.
+                # 2 exponential workers under bursts, clients that leave after 2
+                # services: backed off to 1 slot, 0.59 of capacity; 0.70 now. (Not
+                # the estimate rounded: the drops bias the mean latency low, and an
+                # estimate of 1.4 with requests seen overtaking another backed 2
+                # workers off to 1 slot and held it there while they doubled.)
                 overtakes = self._overtakes
                 at_least = overtakes.at_least
-                if at_least < overtakes.recent_level or at_least <= self._slots(bdp):
+                if at_least < overtakes.recent_level or at_least <= self._variable_slots(bdp):
                     edge = at_least
             if edge is not None and backed_off < edge:
                 backed_off = edge
@@ -1519,6 +1533,12 @@ class Little(LimitAlgorithm):
         """An estimate rounded to whole slots (at least one; the maximum if infinite)."""
         return max(1, round(estimate)) if math.isfinite(estimate) else self.max_limit
 
+    @staticmethod
+    def _variable_slots(bdp: float) -> int:
+        """The slots an estimate of varying service holds: 5 % over (one standard
+        error of its rate) and rounded up (see :meth:`_base`)."""
+        return max(1, math.ceil(bdp * (1 + _RATE_PRECISION)))
+
     def _base(self, bdp: float) -> int:
         """The cruise limit: the estimate, under the ceiling a drain may have found.
 
@@ -1530,7 +1550,7 @@ class Little(LimitAlgorithm):
         """
         base = self._slots(bdp)
         if self._variable and math.isfinite(bdp):
-            base = max(1, math.ceil(bdp * (1 + _RATE_PRECISION)))
+            base = self._variable_slots(bdp)
             if self._floor >= base:
                 base = self._floor
             else:
@@ -1738,12 +1758,22 @@ class Little(LimitAlgorithm):
             self._probe_interval = longer
 
     def _enter_drain(self) -> None:
+        self._drain_deepened = False
         self._drain_from = self._state
         self._state = _State.DRAIN
         bdp = self.estimate()
         if bdp > 0:
             base = self._base(bdp)
-            self._limit = self._clamp(max(1, min(base - 1, math.ceil(self.drain_gain * base))))
+            if self._variable and base <= _PROBE_FEW_SLOTS:
+                # A slot less would idle half the workers (or all) for a round while a
+                # noisy service hardly needs it: the queue a probe made clears at the
+                # base within a service, and a slower service still shows. 2 workers
+                # drained to 1 slot 4 % to 17 % of the time (0.87 to 0.92 of `fixed:2`
+                # on the plain grid, bench/results/robustness_grid_seeds4_stop52.md).
+                self._limit = self._clamp(base)
+            else:
+                drained = min(base - 1, math.ceil(self.drain_gain * base))
+                self._limit = self._clamp(max(1, drained))
 
     def _enter_cruise(self, bdp: float) -> None:
         self._cruise_here()
