@@ -1026,6 +1026,21 @@ def test_minima_with_a_machines_jitter_still_read_every_worker() -> None:
     assert little >= 0.93 * fixed, (little, fixed)
 
 
+def steady_steps(**settings: Any) -> list[dict[str, Any]]:
+    """The two halves' steps of a steady ``little`` run against an unbounded origin
+    queue, open loop (``settings`` as for ``run_capacity_change``, without the
+    limiter, the change, closed-loop clients or the origin queue)."""
+    result = run_capacity_change(
+        limiter=LimiterConfig("little"),
+        change_to=settings["service_time"],
+        client_workers=0,
+        origin_queue=None,
+        **settings,
+    )
+    steps: list[dict[str, Any]] = result["steps"]
+    return steps
+
+
 @pytest.mark.parametrize("seed", [1, 3, 4])
 def test_few_log_normal_workers_get_at_most_one_slot_over_them(seed: int) -> None:
     """4 log-normal sigma 0.5 workers of 100 ms, Poisson at 4x, clients that wait 3
@@ -1034,23 +1049,11 @@ def test_few_log_normal_workers_get_at_most_one_slot_over_them(seed: int) -> Non
     quarter of a service to every request (0.91 of `fixed:4`, bench/results/
     robustness_grid_46964cf.md). No request overtook 4 others, over a history whose
     taper says one would have if there were 5 workers: the limit stays at 5 or under."""
-    result = run_capacity_change(
-        limiter=LimiterConfig("little"),
-        workers=4,
-        service_time=0.1,
-        change_to=0.1,
-        dist="lognormal",
-        sigma=0.5,
-        rate=160.0,
-        arrivals="poisson",
-        client_workers=0,
-        timeout=0.3,
-        send_deadline=True,
-        origin_queue=None,
-        duration=30.0,
-        seed=seed,
-    )
-    mean_limit = result["steps"][1]["mean_limit"]
+    steps = steady_steps(
+        workers=4, service_time=0.1, dist="lognormal", sigma=0.5, rate=160.0,
+        arrivals="poisson", timeout=0.3, send_deadline=True, duration=30.0, seed=seed,
+    )  # fmt: skip
+    mean_limit = steps[1]["mean_limit"]
     assert 4.0 <= mean_limit <= 5.2, mean_limit
 
 
@@ -1069,22 +1072,11 @@ def test_a_drain_over_the_knee_is_no_proof_of_a_slower_service(seed: int) -> Non
     (deadline sent): a cruise 2 slots over the workers, drained to 3, still queued
     and read as a slower service; the estimate, forgotten, rose to 14 slots (mean
     limit 5.1 over the first half on seed 3). The drain now judges at the knee."""
-    result = run_capacity_change(
-        limiter=LimiterConfig("little"),
-        workers=2,
-        service_time=0.1,
-        change_to=0.1,
-        dist="exponential",
-        rate=80.0,
-        arrivals="poisson",
-        client_workers=0,
-        timeout=0.3,
-        send_deadline=True,
-        origin_queue=None,
-        duration=30.0,
-        seed=seed,
-    )
-    assert all(step["mean_limit"] <= 3.5 for step in result["steps"]), result["steps"]
+    steps = steady_steps(
+        workers=2, service_time=0.1, dist="exponential", rate=80.0, arrivals="poisson",
+        timeout=0.3, send_deadline=True, duration=30.0, seed=seed,
+    )  # fmt: skip
+    assert all(step["mean_limit"] <= 3.5 for step in steps), steps
 
 
 def test_back_off_keeps_the_workers_requests_showed_when_the_estimate_reads_low() -> None:
@@ -1092,20 +1084,8 @@ def test_back_off_keeps_the_workers_requests_showed_when_the_estimate_reads_low(
     send no deadline: drops bias the mean latency low (an estimate of 1.4), and a
     back-off under requests seen overtaking another held 1 slot for the second half
     (mean limit 1.06, 0.32 of capacity, seed 4). At least 2 now."""
-    result = run_capacity_change(
-        limiter=LimiterConfig("little"),
-        workers=2,
-        service_time=0.2,
-        change_to=0.2,
-        dist="exponential",
-        rate=20.0,
-        arrivals="bursts",
-        burst_size=2,
-        client_workers=0,
-        timeout=0.4,
-        send_deadline=False,
-        origin_queue=None,
-        duration=60.0,
-        seed=4,
-    )
-    assert result["steps"][1]["mean_limit"] >= 1.8, result["steps"]
+    steps = steady_steps(
+        workers=2, service_time=0.2, dist="exponential", rate=20.0, arrivals="bursts",
+        burst_size=2, timeout=0.4, send_deadline=False, duration=60.0, seed=4,
+    )  # fmt: skip
+    assert steps[1]["mean_limit"] >= 1.8, steps
