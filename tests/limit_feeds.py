@@ -53,14 +53,27 @@ def feed_fifo_origin(
 
 
 def varied_fifo_limits(
-    little: Little, *, workers: int, seed: int, completions: int, batch: int = 1
+    little: Little,
+    *,
+    workers: int,
+    seed: int,
+    completions: int,
+    batch: int = 1,
+    sigma: float | None = None,
 ) -> list[int]:
     """Drive ``little`` with a saturated origin of ``workers`` workers serving in the
-    order admitted, exponential service of 200 ms (seeded), and return its limit after
-    each completion. ``batch`` > 1: one worker that serves up to ``batch`` waiting
-    requests at once and ends them together, in the order admitted (a batching model
-    server); ``workers`` is then ignored."""
+    order admitted, exponential service of 200 ms (seeded; with ``sigma``, log-normal
+    of that sigma and mean 200 ms), and return its limit after each completion.
+    ``batch`` > 1: one worker that serves up to ``batch`` waiting requests at once and
+    ends them together, in the order admitted (a batching model server); ``workers``
+    is then ignored."""
     rng = random.Random(seed)
+
+    def service() -> float:
+        if sigma is None:
+            return rng.expovariate(1 / 0.2)
+        return 0.2 * math.exp(rng.gauss(-sigma * sigma / 2, sigma))
+
     worker_free = [0.0] * (1 if batch > 1 else workers)
     inflight: list[tuple[float, int, float, int]] = []  # (end, order, admitted, level)
     waiting: list[tuple[int, float, int]] = []  # a batching worker's queue
@@ -76,10 +89,10 @@ def varied_fifo_limits(
                 continue
             start = max(now, min(worker_free))
             worker = worker_free.index(min(worker_free))
-            worker_free[worker] = start + rng.expovariate(1 / 0.2)
+            worker_free[worker] = start + service()
             heapq.heappush(inflight, (worker_free[worker], order, now, level))
         if batch > 1 and waiting and worker_free[0] <= now:
-            end = now + rng.expovariate(1 / 0.2)
+            end = now + service()
             worker_free[0] = end
             for request in waiting[:batch]:
                 heapq.heappush(inflight, (end, *request))

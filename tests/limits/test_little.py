@@ -1089,3 +1089,15 @@ def test_back_off_keeps_the_workers_requests_showed_when_the_estimate_reads_low(
         burst_size=2, timeout=0.4, send_deadline=False, duration=60.0, seed=4,
     )  # fmt: skip
     assert steps[1]["mean_limit"] >= 1.8, steps
+
+
+@pytest.mark.parametrize(("workers", "seed"), [(4, 3), (4, 7), (8, 2), (16, 1)])
+def test_start_up_holds_a_round_short_of_its_share_instead_of_doubling(
+    workers: int, seed: int
+) -> None:
+    """Log-normal (sigma 0.5) workers, saturated: a start-up round that ends under
+    0.8 x its slots' share of completions, but by fewer than 3 standard errors, held
+    the evidence for nothing and doubled; on these seeds to 4 or 6 x the workers.
+    Held one more round and judged on both, start-up stops at 3 x or under."""
+    limits = varied_fifo_limits(Little(), workers=workers, seed=seed, completions=400, sigma=0.5)
+    assert max(limits) <= 3 * workers, max(limits)

@@ -235,6 +235,9 @@ class Little(LimitAlgorithm):
         self._startup_ended = 0.0
         self._startup_slot_time = 0.0
         self._startup_confirming = False  # a round read saturated: one more to confirm
+        # A round short of its slots' share but not significantly: its completions and
+        # slot-seconds, pooled with the next round's at the same limit.
+        self._startup_held = (0, 0.0)
         self._startup_knee_seen = False  # the last round's fit put the knee under half
         self._startup_bound = 0  # the last start-up round's overtake bound
         # What start-up knows of a server of one worker (see _serves_in_order).
@@ -1165,6 +1168,7 @@ class Little(LimitAlgorithm):
             self._startup_stalls = 0
             self._startup_ended = self._startup_slot_time = 0.0
             self._startup_confirming = False
+            self._startup_held = (0, 0.0)
             self._startup_knee_seen = False
             self._ceiling = None
             self._cut_threshold = math.inf  # one slow request is the tail, not a queue
@@ -1417,6 +1421,10 @@ class Little(LimitAlgorithm):
         # The round ends on a completion: counting it reads the rate k / (k - 1) high.
         ended -= 1
         slot_time = round_limit * duration
+        held_ended, held_time = self._startup_held
+        self._startup_held = (0, 0.0)
+        ended += held_ended
+        slot_time += held_time
         if self._startup_slot_time > 0:
             expected = self._startup_ended / self._startup_slot_time * slot_time
             # Completions of W renewal processes over a window vary as the service's
@@ -1424,9 +1432,19 @@ class Little(LimitAlgorithm):
             mean = self._latency_mean
             cv = self._latency_sd / mean if 0 < mean < math.inf else 1.0
             spread = math.sqrt(expected * max(1.0, cv * cv))
-            saturated = (
-                ended < _STARTUP_SATURATED * expected and ended < expected - _VARIABLE_Z * spread
-            )
+            short = ended < _STARTUP_SATURATED * expected
+            saturated = short and ended < expected - _VARIABLE_Z * spread
+            if short and not saturated and not held_time and not self._startup_confirming:
+                # Short of the slots' share, but a round of a few dozen completions
+                # cannot show it at 3 standard errors: hold the limit one more round
+                # and judge both together, instead of doubling to 4 or 5 x the workers
+                # (8 log-normal workers: 29 completions against 42 expected at 20 slots,
+                # then 40 slots, each request waiting 4 services, until most of a
+                # round dropped). The bound compares the next round with the one
+                # before this (a doubling): at one limit it shows nothing.
+                self._startup_held = (ended, slot_time)
+                self._startup_bound = before
+                return
             if saturated and not self._startup_confirming:
                 # Confirm over one more round at this limit: requests just started
                 # end at another rate than those of a full pipeline (heavy tails).
